@@ -1,0 +1,2 @@
+//! Engine profiles.
+pub mod tensorfold;

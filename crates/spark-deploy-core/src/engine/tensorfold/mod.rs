@@ -1,0 +1,2 @@
+//! TensorFold `dsv41` engine profile.
+pub mod inputs;

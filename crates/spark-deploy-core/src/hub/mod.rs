@@ -1,0 +1,1 @@
+//! The Hub port: resolve, download, verify.

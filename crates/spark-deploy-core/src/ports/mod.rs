@@ -1,0 +1,1 @@
+//! Effect ports: Exec and Docker.

@@ -1,0 +1,1 @@
+//! Test-scale dsv41 checkpoint generator.

@@ -1,0 +1,1 @@
+//! The testbed cluster: fabric network, worker container with sshd.

@@ -1,0 +1,1 @@
+//! HF-compatible hub server.
