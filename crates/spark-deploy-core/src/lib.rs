@@ -1,4 +1,23 @@
-//! spark-deploy core: typed config, the plan as data, steps and effect ports.
+//! spark-deploy core: deploy one large model across NVIDIA DGX Sparks.
+//!
+//! The flow: a [`config::DeploymentConfig`] (TOML + the recipe's environment names) is validated
+//! once into a [`config::ValidatedConfig`]; [`plan::Plan::standard`] turns it into ordered, typed
+//! steps (Preflight → FetchCheckpoint → BuildRankCache → ConfigureWorkerStorage → BuildImage →
+//! LaunchRank → Smoke) that can describe themselves without side effects. Effects go through
+//! three ports ([`ports`] for Exec and Docker, [`hub`] for the Hub); progress leaves as
+//! [`event::Event`]s, never as prints. Everything TensorFold-specific lives in [`engine`].
+
+pub mod config;
+pub mod container;
 pub mod engine;
+pub mod error;
+pub mod event;
+pub mod facts;
 pub mod hub;
+pub mod layout;
+pub mod plan;
 pub mod ports;
+pub mod secret;
+pub mod steps;
+
+pub use error::Error;

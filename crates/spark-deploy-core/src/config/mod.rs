@@ -1,0 +1,114 @@
+//! Typed deployment configuration: one TOML file plus environment overrides, validated once.
+//!
+//! Flow: [`load`] reads the file (or the defaults), applies the environment under the recipe's
+//! names ([`env::ENV_OVERRIDES`]), then [`validate::validate`] turns it into a [`ValidatedConfig`],
+//! the only input a [`crate::plan::Plan`] accepts ("parse, don't validate").
+
+pub mod env;
+pub mod recipe;
+pub mod reference;
+pub mod schema;
+pub mod template;
+pub mod validate;
+
+use std::path::{Path, PathBuf};
+
+pub use schema::{DeploymentConfig, EngineProfileName, NodeConfig, PreparePolicy, WorkerStorage};
+pub use validate::{ConfigWarning, FieldProblem, ValidatedConfig, validate};
+
+/// Errors of loading, overriding and validating a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for the schema (unknown key, wrong type).
+    #[error("config file {path}: {message}\n  remedy: compare with `spark-deploy init --stdout` and the README's config reference")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line, column and key.
+        message: String,
+    },
+    /// An environment override has a bad value.
+    #[error("environment variable {var} (sets {field}) = {value:?}: expected {expected}")]
+    Env {
+        /// The variable.
+        var: &'static str,
+        /// The field it sets.
+        field: &'static str,
+        /// The value (`***` for secrets).
+        value: String,
+        /// What would be accepted.
+        expected: String,
+    },
+    /// One or more fields hold values the deployment or the engine would refuse.
+    #[error("invalid configuration:\n{}", problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        /// Every problem found, each naming its field.
+        problems: Vec<FieldProblem>,
+    },
+    /// A file could not be written (init).
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl ConfigError {
+    /// The first field path this error names, if any.
+    #[must_use]
+    pub fn field(&self) -> Option<String> {
+        match self {
+            Self::Env { field, .. } => Some((*field).to_owned()),
+            Self::Invalid { problems } => problems.first().map(|p| p.field.clone()),
+            Self::Parse { message, .. } => message
+                .lines()
+                .find_map(|l| l.split_once("unknown field `").map(|(_, r)| r.split('`').next().unwrap_or("").to_owned())),
+            _ => None,
+        }
+    }
+}
+
+/// Parses a TOML document into a config (no environment, no validation).
+///
+/// # Errors
+///
+/// [`ConfigError::Parse`] with line, column and key for syntax errors, unknown keys and wrong types.
+pub fn parse(text: &str, origin: &Path) -> Result<DeploymentConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse { path: origin.to_owned(), message: e.to_string().trim_end().to_owned() })
+}
+
+/// Reads `path` (or the defaults when `None`) and applies the process environment.
+///
+/// # Errors
+///
+/// [`ConfigError::Read`], [`ConfigError::Parse`], [`ConfigError::Env`].
+pub fn load(path: Option<&Path>) -> Result<DeploymentConfig, ConfigError> {
+    load_with_env(path, &|k| std::env::var(k).ok())
+}
+
+/// [`load`] with an explicit environment lookup (tests, Python dicts).
+///
+/// # Errors
+///
+/// As [`load`].
+pub fn load_with_env(path: Option<&Path>, lookup: &dyn Fn(&str) -> Option<String>) -> Result<DeploymentConfig, ConfigError> {
+    let mut config = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.to_owned(), source })?;
+            parse(&text, p)?
+        }
+        None => DeploymentConfig::default(),
+    };
+    env::apply_env(&mut config, lookup)?;
+    Ok(config)
+}

@@ -1,0 +1,419 @@
+//! The TOML schema of a deployment: plain serde types with the seed deployment's defaults.
+//!
+//! Unknown keys are refused (`deny_unknown_fields`); values are checked by
+//! [`super::validate`]. Secrets are never read from the file: they come from the environment
+//! (`HF_TOKEN`, `SPARK_DEPLOY_API_KEY`) or from files the config points at.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::secret::Secret;
+
+/// The default model: the seed deployment's EXL3 checkpoint.
+pub const DEFAULT_MODEL_ID: &str = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw";
+/// The served model name of the seed deployment.
+pub const DEFAULT_SERVED_NAME: &str = "DeepSeek-V4.1-Flash-1017";
+/// The repository holding the Engram tables and `bias_vl` tensors (the original model).
+pub const DEFAULT_ENGRAM_REPO: &str = "deepseek-ai/DeepSeek-V4.1-Flash";
+/// The pinned revision of the original model (ENGINE-CONTRACT.md §10.2).
+pub const DEFAULT_ENGRAM_REVISION: &str = "dba1be0a40aa45a94ad051997016db3960a90277";
+/// The repository publishing the TP=2 kernel kit (folder `kit/`).
+pub const DEFAULT_KIT_REPO: &str = "bertholomus/DeepSeek-V4.1-Flash-TensorFold-TP2-2xGB10";
+/// The gated abliterated overlay.
+pub const DEFAULT_ABLIT_ID: &str = "drowzeys/keys-DeepSeek-V4.1-Flash-1017-Abliterated";
+/// The container image the kit was qualified in.
+pub const DEFAULT_IMAGE: &str = "nvcr.io/nvidia/pytorch:26.07-py3";
+
+/// A whole deployment: what to serve, how, and on which nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeploymentConfig {
+    /// Name, engine profile and storage mode.
+    pub deployment: DeploymentSection,
+    /// The checkpoint and its companions on the Hub.
+    pub model: ModelSection,
+    /// Hub endpoint, caches and token.
+    pub hub: HubSection,
+    /// The API and the engine's serving flags.
+    pub serving: ServingSection,
+    /// Engine image, rendezvous and switches.
+    pub engine: EngineSection,
+    /// Worker storage (NFS volume) settings.
+    pub storage: StorageSection,
+    /// Memory, logs, timeouts and the prepare policy.
+    pub lifecycle: LifecycleSection,
+    /// The nodes, head first; one tensor-parallel rank per node.
+    pub nodes: Vec<NodeConfig>,
+}
+
+impl Default for DeploymentConfig {
+    fn default() -> Self {
+        Self {
+            deployment: DeploymentSection::default(),
+            model: ModelSection::default(),
+            hub: HubSection::default(),
+            serving: ServingSection::default(),
+            engine: EngineSection::default(),
+            storage: StorageSection::default(),
+            lifecycle: LifecycleSection::default(),
+            nodes: vec![NodeConfig::head(), NodeConfig::worker("worker-1", "spark-2")],
+        }
+    }
+}
+
+/// `[deployment]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeploymentSection {
+    /// Deployment name: container names and labels derive from it (`[a-z0-9-]`, 1–40 chars).
+    pub name: String,
+    /// Engine profile.
+    pub engine: EngineProfileName,
+    /// How rank 1 gets the checkpoint: `nfs` (head's cache over a read-only NFS volume) or `copy`.
+    pub worker_storage: WorkerStorage,
+    /// Local state: lock, API key, recorded revisions (`~` is the head's home).
+    pub state_dir: String,
+}
+
+impl Default for DeploymentSection {
+    fn default() -> Self {
+        Self {
+            name: "dsv41".into(),
+            engine: EngineProfileName::TensorfoldDsv41,
+            worker_storage: WorkerStorage::Nfs,
+            state_dir: "~/.local/state/spark-deploy".into(),
+        }
+    }
+}
+
+/// Engine profiles spark-deploy knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EngineProfileName {
+    /// TensorFold's native Zig `dsv41` engine, TP=2 (ENGINE-CONTRACT.md).
+    #[serde(rename = "tensorfold-dsv41")]
+    TensorfoldDsv41,
+}
+
+/// Worker storage mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerStorage {
+    /// The head's HF cache mounted read-only on the worker through a Docker NFS volume.
+    Nfs,
+    /// Exactly the required files copied to the worker's local cache over the fabric.
+    Copy,
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// HF repo of the EXL3 checkpoint (`MODEL_ID`).
+    pub id: String,
+    /// Pinned revision: a 40-hex commit; a branch is resolved once at fetch and recorded (`MODEL_REVISION`).
+    pub revision: String,
+    /// Served model id (`--name`).
+    pub served_name: String,
+    /// Original model repo holding the Engram tables and `bias_vl` tensors.
+    pub engram_repo: String,
+    /// Pinned revision of the original model.
+    pub engram_revision: String,
+    /// Engram source shards in the original model.
+    pub engram_files: Vec<String>,
+    /// Hub repo publishing the kernel kit (folder `kit/`).
+    pub kit_repo: String,
+    /// Revision of the kit repo.
+    pub kit_revision: String,
+    /// Serve the gated abliterated overlay (`ABLIT`).
+    pub ablit: bool,
+    /// Overlay repo (`ABLIT_ID`).
+    pub ablit_id: String,
+    /// Overlay revision (`ABLIT_REVISION`).
+    pub ablit_revision: String,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            id: DEFAULT_MODEL_ID.into(),
+            revision: "main".into(),
+            served_name: DEFAULT_SERVED_NAME.into(),
+            engram_repo: DEFAULT_ENGRAM_REPO.into(),
+            engram_revision: DEFAULT_ENGRAM_REVISION.into(),
+            engram_files: vec![
+                "model-00047-of-00048.safetensors".into(),
+                "model-00048-of-00048.safetensors".into(),
+            ],
+            kit_repo: DEFAULT_KIT_REPO.into(),
+            kit_revision: "main".into(),
+            ablit: false,
+            ablit_id: DEFAULT_ABLIT_ID.into(),
+            ablit_revision: "main".into(),
+        }
+    }
+}
+
+/// `[hub]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HubSection {
+    /// HF-compatible endpoint; empty means the Hugging Face Hub (or `HF_ENDPOINT`).
+    pub endpoint: String,
+    /// Head's HF cache root (`HF_CACHE`; default `$HF_HOME` or `~/.cache/huggingface`).
+    pub cache: String,
+    /// Separate cache for the ABLIT overlay, so genuine and abliterated data never mix.
+    pub ablit_cache: String,
+    /// File holding the HF token (as written by `hf auth login`); `HF_TOKEN` wins.
+    pub token_file: String,
+    /// The token itself: from `HF_TOKEN` only, never from the file.
+    #[serde(skip)]
+    pub token: Option<Secret>,
+}
+
+impl Default for HubSection {
+    fn default() -> Self {
+        Self {
+            endpoint: String::new(),
+            cache: "~/.cache/huggingface".into(),
+            ablit_cache: "~/.cache/huggingface-ablit".into(),
+            token_file: "~/.cache/huggingface/token".into(),
+            token: None,
+        }
+    }
+}
+
+/// `[serving]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServingSection {
+    /// Shared KV pool for all streams together (`CONTEXT`; rank 0 `--context`, rank 1 `--pool`).
+    pub context: u64,
+    /// Concurrent streams (`PARALLEL`; `--parallel`).
+    pub parallel: u32,
+    /// API bind address on the head.
+    pub host: String,
+    /// API port on the head.
+    pub port: u16,
+    /// Default reply budget (`--max-tokens`); counts against the pool.
+    pub max_tokens: u64,
+    /// Thinking on by default (`--thinking` / `--no-thinking`).
+    pub thinking: bool,
+    /// DSpark speculative decoding (`--no-drafts` / rank 1 `--drafts 0` when off).
+    pub drafts: bool,
+    /// Sampling temperature default.
+    pub temperature: f64,
+    /// Nucleus sampling default.
+    pub top_p: f64,
+    /// Top-k sampling default.
+    pub top_k: u32,
+    /// API key file on the head (mode 0600, generated on first `up`); relative to `state_dir` when relative.
+    pub api_key_file: String,
+    /// API key from `SPARK_DEPLOY_API_KEY`, never from the file.
+    #[serde(skip)]
+    pub api_key: Option<Secret>,
+}
+
+impl Default for ServingSection {
+    fn default() -> Self {
+        Self {
+            context: 1_048_576,
+            parallel: 4,
+            host: "0.0.0.0".into(),
+            port: 8888,
+            max_tokens: 32_768,
+            thinking: true,
+            drafts: true,
+            temperature: 1.0,
+            top_p: 0.95,
+            top_k: 20,
+            api_key_file: "api-key".into(),
+            api_key: None,
+        }
+    }
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    /// Runtime image of both ranks.
+    pub image: String,
+    /// Engine commit the binaries are built from (label and cache key).
+    pub commit: String,
+    /// Rendezvous TCP port on the head's fabric address (`TF_TP_PORT`).
+    pub rendezvous_port: u16,
+    /// `TF_DS_REPLAY_FLOOR=1` on both ranks.
+    pub replay_floor: bool,
+    /// `TF_DS_GRAPHS` / `--graphs`.
+    pub graphs: bool,
+    /// `TF_DS_HC_SIDE` / `--side`.
+    pub hc_side: bool,
+    /// `TF_DS_L2_PREFETCH` / `--prefetch`.
+    pub l2_prefetch: bool,
+    /// `TF_DS_ENGRAM_AIO` / `--aio`.
+    pub engram_aio: bool,
+    /// Recipe switches with no public engine source (`TF_DS_ENGRAM_LANES`, `TF_DS_IDX_SPLIT`,
+    /// `PREFILL_INTERLEAVE_MS`, `TF_DS_IMAGE_CACHE`): opaque, passed identically to both ranks, only when set.
+    pub switches: BTreeMap<String, String>,
+    /// Extra `TF_*`, `NCCL_*`, `TENSORFOLD_*` variables passed identically to both ranks.
+    pub env: BTreeMap<String, String>,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        Self {
+            image: DEFAULT_IMAGE.into(),
+            commit: "59402086381a42c74d53053443224eec2790b4c5".into(),
+            rendezvous_port: 29620,
+            replay_floor: true,
+            graphs: true,
+            hc_side: true,
+            l2_prefetch: true,
+            engram_aio: true,
+            switches: BTreeMap::new(),
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+/// `[storage]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageSection {
+    /// Docker volume created on the worker in `nfs` mode (`NFS_VOLUME`).
+    pub nfs_volume: String,
+    /// NFS server the worker mounts from (`HEAD_NFS_SERVER`); empty = the head's fabric address.
+    pub head_nfs_server: String,
+    /// Exported path as the worker mounts it; empty = the head's HF cache path.
+    pub nfs_path: String,
+}
+
+impl Default for StorageSection {
+    fn default() -> Self {
+        Self { nfs_volume: "spark-deploy-hf".into(), head_nfs_server: String::new(), nfs_path: String::new() }
+    }
+}
+
+/// `[lifecycle]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LifecycleSection {
+    /// When to run the preparation steps (`PREPARE`: `auto`, `always` (1), `never` (0)).
+    pub prepare: PreparePolicy,
+    /// Minimum `MemAvailable` on every node before launch, GiB (`MIN_AVAIL_GIB`).
+    pub min_avail_gib: u32,
+    /// Newest gzipped logs kept per rank (`LOG_KEEP`; 0 saves none).
+    pub log_keep: u32,
+    /// Readiness timeout, seconds.
+    pub ready_timeout_s: u64,
+    /// Grace period when stopping a rank, seconds.
+    pub stop_timeout_s: u64,
+}
+
+impl Default for LifecycleSection {
+    fn default() -> Self {
+        Self {
+            prepare: PreparePolicy::Auto,
+            min_avail_gib: 112,
+            log_keep: 10,
+            ready_timeout_s: 1800,
+            stop_timeout_s: 30,
+        }
+    }
+}
+
+/// `PREPARE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreparePolicy {
+    /// Prepare what a check finds missing or stale.
+    Auto,
+    /// Always redo the preparation steps.
+    Always,
+    /// Never prepare; fail if something is missing.
+    Never,
+}
+
+/// One `[[nodes]]` entry; the first is the head (rank 0, API), the others are workers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Node name used in plans, events and errors (`[a-z0-9-]`).
+    pub name: String,
+    /// `local` for the head; `user@host` for a worker (`WORKER`).
+    pub ssh: String,
+    /// SSH port.
+    #[serde(default = "default_ssh_port")]
+    pub ssh_port: u16,
+    /// SSH identity file; empty = ssh's default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub identity_file: String,
+    /// known_hosts file; empty = ssh's default. Host keys are always checked.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub known_hosts: String,
+    /// The node's ConnectX-7 IPv4 (`FABRIC_PEER` for the worker); absent = detected at preflight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric_addr: Option<Ipv4Addr>,
+    /// Container network mode of this node's rank: `host` or `container:<name>`.
+    #[serde(default = "default_network_mode")]
+    pub network_mode: String,
+    /// Docker socket on the node.
+    #[serde(default = "default_docker_socket")]
+    pub docker_socket: String,
+    /// The node's HF cache; empty = the head's `hub.cache` (`WORKER_HF_CACHE`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hf_cache: String,
+    /// Root of spark-deploy's data on the node (rank cache, kit, Engram, engine, logs).
+    #[serde(default = "default_data_dir")]
+    pub data_dir: String,
+}
+
+fn default_ssh_port() -> u16 {
+    22
+}
+fn default_network_mode() -> String {
+    "host".into()
+}
+fn default_docker_socket() -> String {
+    "/var/run/docker.sock".into()
+}
+fn default_data_dir() -> String {
+    "~/.cache/spark-deploy".into()
+}
+
+impl NodeConfig {
+    /// The head node with defaults.
+    #[must_use]
+    pub fn head() -> Self {
+        Self::new("head", "local")
+    }
+
+    /// A worker reached by `ssh` with defaults.
+    #[must_use]
+    pub fn worker(name: &str, ssh: &str) -> Self {
+        Self::new(name, ssh)
+    }
+
+    fn new(name: &str, ssh: &str) -> Self {
+        Self {
+            name: name.into(),
+            ssh: ssh.into(),
+            ssh_port: default_ssh_port(),
+            identity_file: String::new(),
+            known_hosts: String::new(),
+            fabric_addr: None,
+            network_mode: default_network_mode(),
+            docker_socket: default_docker_socket(),
+            hf_cache: String::new(),
+            data_dir: default_data_dir(),
+        }
+    }
+
+    /// Whether this node is the machine the tool runs on.
+    #[must_use]
+    pub fn is_local(&self) -> bool {
+        self.ssh == "local"
+    }
+}

@@ -1,0 +1,245 @@
+//! The two ranks' containers: argv, env and mounts exactly as ENGINE-CONTRACT.md §2.2–§2.9 give them.
+//!
+//! Rank 1 (`tf-dsv41-lanes`) takes positional `MODEL CACHE RANK WORLD MASTER PORT KIT` then
+//! `--key value` pairs; rank 0 (`tensorfold-native serve`) takes its inputs from the environment.
+//! Every value both ranks must agree on (§2.8) is computed once in [`Shared`] and rendered into
+//! both, so the pair cannot drift.
+
+use std::collections::BTreeMap;
+
+use super::{FOLLOWER_BIN, SERVER_BIN, TOKEN_MAP_FILE};
+use crate::config::ValidatedConfig;
+use crate::container::{ContainerSpec, Mount, Ulimit, labels};
+use crate::facts::{DeploymentFacts, NodeFacts};
+use crate::layout::NodeLayout;
+
+/// Where the inputs appear inside a rank's container.
+pub mod paths {
+    /// Engine binaries.
+    pub const ENGINE: &str = "/engine";
+    /// Kernel kit.
+    pub const KIT: &str = "/kit";
+    /// The node's HF cache (read-only); the checkpoint snapshot is below it, so the cache's
+    /// relative blob symlinks resolve inside the mount.
+    pub const HF: &str = "/hf";
+    /// Engram tables.
+    pub const ENGRAM: &str = "/engram";
+    /// Per-checkpoint inputs (`rank-cache/`, token map).
+    pub const CACHE: &str = "/cache";
+    /// Rank weight files.
+    pub const RANK_CACHE: &str = "/cache/rank-cache";
+    /// API key file of rank 0.
+    pub const API_KEY: &str = "/run/spark-deploy/api-key";
+}
+
+fn flag(on: bool) -> String {
+    if on { "1" } else { "0" }.to_owned()
+}
+
+/// Values both ranks must carry identically (ENGINE-CONTRACT.md §2.8).
+struct Shared {
+    model_dir: String,
+    master: String,
+    port: String,
+    world: String,
+    pool: String,
+    token_map: String,
+    /// Environment identical on every rank: replay floor, opaque switches, user pass-through.
+    common_env: BTreeMap<String, String>,
+}
+
+impl Shared {
+    fn new(config: &ValidatedConfig, facts: &DeploymentFacts) -> Self {
+        let c = config.config();
+        let mut common_env = BTreeMap::new();
+        if c.engine.replay_floor {
+            common_env.insert("TF_DS_REPLAY_FLOOR".to_owned(), "1".to_owned());
+        }
+        common_env.extend(c.engine.switches.iter().map(|(k, v)| (k.clone(), v.clone())));
+        common_env.extend(c.engine.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Self {
+            model_dir: NodeLayout::snapshot_under(paths::HF, &c.model.id, &facts.model_commit),
+            master: facts.nodes[0].fabric_addr.clone(),
+            port: c.engine.rendezvous_port.to_string(),
+            world: c.nodes.len().to_string(),
+            pool: c.serving.context.to_string(),
+            token_map: format!("{}/{TOKEN_MAP_FILE}", paths::CACHE),
+            common_env,
+        }
+    }
+}
+
+/// Per-node fabric environment (§12.4): these legitimately differ between nodes.
+fn fabric_env(f: &NodeFacts, env: &mut BTreeMap<String, String>) {
+    env.insert("NCCL_SOCKET_IFNAME".to_owned(), f.netdev.clone());
+    if let Some(devs) = &f.rdma_devices {
+        env.insert("NCCL_IB_HCA".to_owned(), devs.clone());
+    }
+    if let Some(gid) = &f.gid_index {
+        env.insert("NCCL_IB_GID_INDEX".to_owned(), gid.clone());
+        env.insert("TF_RDMA_GID_INDEX".to_owned(), gid.clone());
+    }
+}
+
+fn base_spec(config: &ValidatedConfig, rank: u32, facts: &NodeFacts, argv: Vec<String>, env: BTreeMap<String, String>) -> ContainerSpec {
+    let c = config.config();
+    let node = &c.nodes[rank as usize];
+    let layout = NodeLayout::of(config, node);
+    let mut mounts = vec![
+        Mount { source: layout.engine_dir, target: paths::ENGINE.into(), read_only: true, volume: false },
+        Mount { source: layout.kit_dir, target: paths::KIT.into(), read_only: true, volume: false },
+        hf_mount(config, rank, &layout.hf_cache),
+        Mount { source: layout.engram_dir, target: paths::ENGRAM.into(), read_only: true, volume: false },
+        Mount { source: layout.inputs_dir, target: paths::CACHE.into(), read_only: true, volume: false },
+    ];
+    if rank == 0 {
+        mounts.push(Mount { source: c.serving.api_key_file.clone(), target: paths::API_KEY.into(), read_only: true, volume: false });
+    }
+    let name = container_name(&c.deployment.name, rank);
+    ContainerSpec {
+        node: node.name.clone(),
+        rank,
+        name,
+        image: c.engine.image.clone(),
+        argv,
+        env,
+        mounts,
+        network_mode: node.network_mode.clone(),
+        ipc_mode: "host".into(),
+        gpus: if facts.gpu { "all".into() } else { "none".into() },
+        devices: facts.infiniband_device.iter().cloned().collect(),
+        ulimits: vec![
+            Ulimit { name: "memlock".into(), soft: -1, hard: -1 },
+            Ulimit { name: "stack".into(), soft: 67_108_864, hard: 67_108_864 },
+        ],
+        cap_add: vec!["IPC_LOCK".into()],
+        oom_score_adj: 1000,
+        restart: "no".into(),
+        log_opts: BTreeMap::from([("max-size".into(), "200m".into()), ("max-file".into(), "3".into())]),
+        labels: BTreeMap::from([
+            (labels::DEPLOYMENT.into(), c.deployment.name.clone()),
+            (labels::RANK.into(), rank.to_string()),
+            (labels::NODE.into(), node.name.clone()),
+        ]),
+    }
+}
+
+/// In `nfs` mode a worker reads the head's cache through the Docker NFS volume.
+fn hf_mount(config: &ValidatedConfig, rank: u32, hf_cache: &str) -> Mount {
+    let c = config.config();
+    if rank > 0 && c.deployment.worker_storage == crate::config::WorkerStorage::Nfs {
+        Mount { source: c.storage.nfs_volume.clone(), target: paths::HF.into(), read_only: true, volume: true }
+    } else {
+        Mount { source: hf_cache.to_owned(), target: paths::HF.into(), read_only: true, volume: false }
+    }
+}
+
+/// The container name of `rank` in deployment `name`.
+#[must_use]
+pub fn container_name(name: &str, rank: u32) -> String {
+    format!("{name}-rank{rank}")
+}
+
+/// Rank 0: `tensorfold-native serve` with its inputs in the environment (§2.4, §2.5, §2.9).
+fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> ContainerSpec {
+    let c = config.config();
+    let s = &c.serving;
+    let f = &facts.nodes[0];
+    let mut env = shared.common_env.clone();
+    for (k, v) in [
+        ("TF_TP_WORLD", shared.world.clone()),
+        ("TF_TP_MASTER", shared.master.clone()),
+        ("TF_TP_PORT", shared.port.clone()),
+        ("TF_DS_RANK_CACHE", paths::RANK_CACHE.to_owned()),
+        ("TF_DS_KIT", paths::KIT.to_owned()),
+        ("TENSORFOLD_CUDA_KERNELS", format!("{}/aot", paths::KIT)),
+        ("TF_DS_ENGRAM", paths::ENGRAM.to_owned()),
+        ("TF_DS_TOKEN_MAP", shared.token_map.clone()),
+        ("TF_DS_GRAPHS", flag(c.engine.graphs)),
+        ("TF_DS_HC_SIDE", flag(c.engine.hc_side)),
+        ("TF_DS_L2_PREFETCH", flag(c.engine.l2_prefetch)),
+        ("TF_DS_ENGRAM_AIO", flag(c.engine.engram_aio)),
+    ] {
+        env.insert(k.to_owned(), v);
+    }
+    if let Some(devs) = &f.rdma_devices {
+        env.insert("TF_RDMA_DEVICES".to_owned(), devs.clone());
+    }
+    fabric_env(f, &mut env);
+    let mut argv: Vec<String> = [SERVER_BIN, "serve", &shared.model_dir].map(str::to_owned).to_vec();
+    let pairs = [
+        ("--host", s.host.clone()),
+        ("--port", s.port.to_string()),
+        ("--name", c.model.served_name.clone()),
+        ("--api-key-file", paths::API_KEY.to_owned()),
+        ("--context", shared.pool.clone()),
+        ("--parallel", s.parallel.to_string()),
+    ];
+    for (k, v) in pairs {
+        argv.push(k.to_owned());
+        argv.push(v);
+    }
+    argv.push(if s.thinking { "--thinking" } else { "--no-thinking" }.to_owned());
+    if !s.drafts {
+        argv.push("--no-drafts".to_owned());
+    }
+    for (k, v) in [
+        ("--max-tokens", s.max_tokens.to_string()),
+        ("--temperature", s.temperature.to_string()),
+        ("--top-p", s.top_p.to_string()),
+        ("--top-k", s.top_k.to_string()),
+        ("--backend", "cuda".to_owned()),
+    ] {
+        argv.push(k.to_owned());
+        argv.push(v);
+    }
+    base_spec(config, 0, f, argv, env)
+}
+
+/// Rank r ≥ 1: `tf-dsv41-lanes MODEL CACHE RANK WORLD MASTER PORT KIT --key value ...` (§2.7, §2.9).
+fn follower(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared, rank: u32) -> ContainerSpec {
+    let c = config.config();
+    let f = &facts.nodes[rank as usize];
+    let mut env = shared.common_env.clone();
+    fabric_env(f, &mut env);
+    let mut argv: Vec<String> = vec![
+        FOLLOWER_BIN.to_owned(),
+        shared.model_dir.clone(),
+        paths::RANK_CACHE.to_owned(),
+        rank.to_string(),
+        shared.world.clone(),
+        shared.master.clone(),
+        shared.port.clone(),
+        paths::KIT.to_owned(),
+    ];
+    let mut pairs = vec![
+        ("--engram", paths::ENGRAM.to_owned()),
+        ("--token-map", shared.token_map.clone()),
+        ("--pool", shared.pool.clone()),
+        ("--drafts", flag(c.serving.drafts)),
+    ];
+    if let Some(devs) = &f.rdma_devices {
+        pairs.push(("--rdma", devs.clone()));
+    }
+    pairs.extend([
+        ("--graphs", flag(c.engine.graphs)),
+        ("--side", flag(c.engine.hc_side)),
+        ("--prefetch", flag(c.engine.l2_prefetch)),
+        ("--aio", flag(c.engine.engram_aio)),
+    ]);
+    for (k, v) in pairs {
+        argv.push(k.to_owned());
+        argv.push(v);
+    }
+    base_spec(config, rank, f, argv, env)
+}
+
+/// Every rank's container in start order: followers from the highest rank down, rank 0 last.
+#[must_use]
+pub fn rank_specs(config: &ValidatedConfig, facts: &DeploymentFacts) -> Vec<ContainerSpec> {
+    let shared = Shared::new(config, facts);
+    let world = u32::try_from(config.config().nodes.len()).unwrap_or(u32::MAX);
+    let mut specs: Vec<_> = (1..world).rev().map(|r| follower(config, facts, &shared, r)).collect();
+    specs.push(rank0(config, facts, &shared));
+    specs
+}

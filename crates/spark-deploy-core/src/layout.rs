@@ -1,0 +1,61 @@
+//! Where every input lives on a node, derived from the config in one place.
+
+use serde::Serialize;
+
+use crate::config::{NodeConfig, ValidatedConfig};
+
+/// Host paths of one node's inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeLayout {
+    /// Node name.
+    pub node: String,
+    /// The node's HF cache root (`HF_HOME`-style: `hub/` below it).
+    pub hf_cache: String,
+    /// Engine binaries for the configured engine commit.
+    pub engine_dir: String,
+    /// Kernel kit (identical bytes on every node).
+    pub kit_dir: String,
+    /// Engram tables (local disk, never NFS).
+    pub engram_dir: String,
+    /// Per-checkpoint inputs: `rank-cache/` and the token map.
+    pub inputs_dir: String,
+    /// Saved rank logs.
+    pub log_dir: String,
+}
+
+/// The `models--owner--name` folder name of a repo in an HF cache.
+#[must_use]
+pub fn repo_folder(repo: &str) -> String {
+    format!("models--{}", repo.replace('/', "--"))
+}
+
+impl NodeLayout {
+    /// The layout of `node` under `config`.
+    #[must_use]
+    pub fn of(config: &ValidatedConfig, node: &NodeConfig) -> Self {
+        let c = config.config();
+        let d = node.data_dir.trim_end_matches('/');
+        let commit: String = c.engine.commit.chars().take(12).collect();
+        let identity = format!(
+            "{}@{}{}",
+            c.model.id.replace('/', "--"),
+            c.model.revision,
+            if c.model.ablit { format!("+ablit@{}", c.model.ablit_revision) } else { String::new() }
+        );
+        Self {
+            node: node.name.clone(),
+            hf_cache: node.hf_cache.clone(),
+            engine_dir: format!("{d}/engine/{commit}"),
+            kit_dir: format!("{d}/kit/{}", c.model.kit_revision),
+            engram_dir: format!("{d}/engram/{}", c.model.engram_revision),
+            inputs_dir: format!("{d}/inputs/{identity}"),
+            log_dir: format!("{d}/logs/{}", c.deployment.name),
+        }
+    }
+
+    /// Path of the checkpoint snapshot below a cache root mounted at `cache_root`.
+    #[must_use]
+    pub fn snapshot_under(cache_root: &str, repo: &str, commit: &str) -> String {
+        format!("{}/hub/{}/snapshots/{commit}", cache_root.trim_end_matches('/'), repo_folder(repo))
+    }
+}

@@ -1,0 +1,71 @@
+//! Secrets (HF token, API key): a type that never prints its value.
+//!
+//! `Secret` implements `Debug`, `Display` and `Serialize` as `***`, so a secret that ends up in a
+//! plan, an event, an error or a log line shows only the marker. The value is reachable only through
+//! [`Secret::expose`], which makes every use greppable.
+
+use std::fmt;
+
+/// The marker every rendering of a secret shows instead of its value.
+pub const REDACTED: &str = "***";
+
+/// A secret string (token, API key).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a value.
+    #[must_use]
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret value; use only where the value must leave the process (an HTTP header, a 0600
+    /// file), never for display.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Replaces every occurrence of this secret in `text` by [`REDACTED`].
+    #[must_use]
+    pub fn redact_in(&self, text: &str) -> String {
+        if self.0.is_empty() {
+            text.to_owned()
+        } else {
+            text.replace(&self.0, REDACTED)
+        }
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl serde::Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(REDACTED)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_prints_its_value() {
+        let s = Secret::new("hf_supersecret");
+        assert_eq!(format!("{s} {s:?}"), "*** ***");
+        assert_eq!(serde_json::to_string(&s).unwrap(), "\"***\"");
+        assert_eq!(s.redact_in("token=hf_supersecret;"), "token=***;");
+        assert_eq!(s.expose(), "hf_supersecret");
+    }
+}

@@ -1,0 +1,48 @@
+use serde::Serialize;
+
+use crate::config::ValidatedConfig;
+use crate::engine::tensorfold::launch::container_name;
+use crate::layout::NodeLayout;
+use crate::plan::describe::{Action, ActionDetail};
+
+/// Stops every rank, rank 0 first with a grace period, saving each container's log (gzip, named by
+/// date, time and rank, newest `log_keep` kept) before removing it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stop {
+    /// (node, container, log dir) in stop order.
+    pub ranks: Vec<(String, String, String)>,
+    /// Grace period, seconds.
+    pub grace_s: u64,
+    /// Logs kept per rank.
+    pub log_keep: u32,
+}
+
+impl Stop {
+    /// The teardown of `config`.
+    #[must_use]
+    pub fn new(config: &ValidatedConfig) -> Self {
+        let c = config.config();
+        let ranks = c
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(r, n)| (n.name.clone(), container_name(&c.deployment.name, u32::try_from(r).unwrap_or(u32::MAX)), NodeLayout::of(config, n).log_dir))
+            .collect();
+        Self { ranks, grace_s: c.lifecycle.stop_timeout_s, log_keep: c.lifecycle.log_keep }
+    }
+
+    pub(crate) fn describe(&self) -> (String, Vec<Action>) {
+        let actions = self
+            .ranks
+            .iter()
+            .map(|(node, name, logs)| {
+                Action::with(
+                    node,
+                    format!("stop {name} (grace {} s), save its log, remove it", self.grace_s),
+                    ActionDetail::Outputs { files: vec![format!("{logs}/<YYYYmmdd-HHMMSS>-{name}.log.gz (newest {} kept)", self.log_keep)] },
+                )
+            })
+            .collect();
+        ("stop every rank, rank 0 first, logs saved".to_owned(), actions)
+    }
+}
