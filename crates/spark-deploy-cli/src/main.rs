@@ -1,1 +1,60 @@
-fn main() {}
+//! `spark-deploy`: the command line over the spark-deploy plan.
+//!
+//! Exit codes: 0 success, 2 usage, 3 configuration, 4 preflight, 5 runtime (see `exit.rs`).
+
+mod commands;
+mod exit;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Deploy one large model across NVIDIA DGX Sparks.
+#[derive(Parser, Debug)]
+#[command(name = "spark-deploy", version, about, propagate_version = true, after_help = exit::HELP)]
+struct Cli {
+    /// Config file (default: ./spark-deploy.toml when present, else the built-in defaults).
+    #[arg(long, short, global = true, env = "SPARK_DEPLOY_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Machine-readable output: JSON for plans and checks, JSON lines for events.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write a commented default config (or import a bash recipe's settings).
+    Init(commands::init::InitArgs),
+    /// Validate the configuration.
+    #[command(subcommand)]
+    Config(commands::config::ConfigCommand),
+    /// Print every step of the deployment with its actions per node; touches nothing.
+    Plan,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(exit::USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
+    let global = commands::Global { config: cli.config, json: cli.json };
+    let result = match cli.command {
+        Command::Init(args) => commands::init::run(&global, &args),
+        Command::Config(cmd) => commands::config::run(&global, &cmd),
+        Command::Plan => commands::plan::run(&global),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            render::failure(&failure, global.json);
+            ExitCode::from(failure.code)
+        }
+    }
+}
