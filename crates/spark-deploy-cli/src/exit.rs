@@ -12,7 +12,8 @@ pub(crate) const PREFLIGHT: u8 = 4;
 pub(crate) const RUNTIME: u8 = 5;
 
 /// The exit-code table shown in `--help`.
-pub(crate) const HELP: &str = "Exit codes: 0 success, 2 usage, 3 configuration, 4 preflight (nothing changed), 5 runtime.";
+pub(crate) const HELP: &str =
+    "Exit codes: 0 success, 2 usage, 3 configuration, 4 preflight (nothing changed), 5 runtime.";
 
 /// A failed command: the exit code, the message chain and the remedy.
 #[derive(Debug)]
@@ -30,7 +31,11 @@ impl Failure {
             message.push_str(&format!("\n  caused by: {s}"));
             source = s.source();
         }
-        Self { code, message, remedy }
+        Self {
+            code,
+            message,
+            remedy,
+        }
     }
 }
 

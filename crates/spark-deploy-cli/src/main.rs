@@ -16,7 +16,13 @@ use clap::{Parser, Subcommand};
 #[command(name = "spark-deploy", version, about, propagate_version = true, after_help = exit::HELP)]
 struct Cli {
     /// Config file (default: ./spark-deploy.toml when present, else the built-in defaults).
-    #[arg(long, short, global = true, env = "SPARK_DEPLOY_CONFIG", value_name = "FILE")]
+    #[arg(
+        long,
+        short,
+        global = true,
+        env = "SPARK_DEPLOY_CONFIG",
+        value_name = "FILE"
+    )]
     config: Option<PathBuf>,
     /// Machine-readable output: JSON for plans and checks, JSON lines for events.
     #[arg(long, global = true)]
@@ -41,10 +47,17 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(exit::USAGE) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() {
+                ExitCode::from(exit::USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
-    let global = commands::Global { config: cli.config, json: cli.json };
+    let global = commands::Global {
+        config: cli.config,
+        json: cli.json,
+    };
     let result = match cli.command {
         Command::Init(args) => commands::init::run(&global, &args),
         Command::Config(cmd) => commands::config::run(&global, &cmd),

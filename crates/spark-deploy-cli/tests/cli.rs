@@ -10,13 +10,32 @@ const API_KEY: &str = "sk-apikeyVALUE0987654321";
 #[test]
 fn secrets_change_no_byte_of_the_plan() {
     let d = tempfile::tempdir().unwrap();
-    for args in [&["plan", "--json"][..], &["plan"][..], &["config", "check", "--json"][..]] {
-        let a = run(d.path(), args, &[("HF_TOKEN", TOKEN), ("SPARK_DEPLOY_API_KEY", API_KEY)]);
-        let b = run(d.path(), args, &[("HF_TOKEN", "hf_other"), ("SPARK_DEPLOY_API_KEY", "other")]);
+    for args in [
+        &["plan", "--json"][..],
+        &["plan"][..],
+        &["config", "check", "--json"][..],
+    ] {
+        let a = run(
+            d.path(),
+            args,
+            &[("HF_TOKEN", TOKEN), ("SPARK_DEPLOY_API_KEY", API_KEY)],
+        );
+        let b = run(
+            d.path(),
+            args,
+            &[("HF_TOKEN", "hf_other"), ("SPARK_DEPLOY_API_KEY", "other")],
+        );
         assert!(a.status.success(), "{}", stderr(&a));
-        assert_eq!(stdout(&a), stdout(&b), "the secret's value must not influence {args:?}");
+        assert_eq!(
+            stdout(&a),
+            stdout(&b),
+            "the secret's value must not influence {args:?}"
+        );
         for out in [stdout(&a), stderr(&a)] {
-            assert!(!out.contains(TOKEN) && !out.contains(API_KEY), "secret leaked in {args:?}");
+            assert!(
+                !out.contains(TOKEN) && !out.contains(API_KEY),
+                "secret leaked in {args:?}"
+            );
             assert!(!out.contains("hf_secret"), "secret prefix leaked");
         }
         if args[0] == "plan" {
@@ -28,18 +47,27 @@ fn secrets_change_no_byte_of_the_plan() {
 #[test]
 fn bad_configs_name_the_field_and_exit_3() {
     let d = tempfile::tempdir().unwrap();
-    let cases: &[(&str, &[(&str, &str)], &str)] = &[
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case<'_>] = &[
         ("[serving]\ncontxt = 4096\n", &[], "contxt"),
         ("", &[("CONTEXT", "0")], "serving.context"),
         ("", &[("PARALLEL", "5")], "serving.parallel"),
-        ("[[nodes]]\nname = \"head\"\nssh = \"local\"\n", &[], "nodes"),
+        (
+            "[[nodes]]\nname = \"head\"\nssh = \"local\"\n",
+            &[],
+            "nodes",
+        ),
         ("", &[("CONTEXT", "many")], "CONTEXT"),
     ];
     for (file, env, field) in cases {
         std::fs::write(d.path().join("spark-deploy.toml"), file).unwrap();
         let o = run(d.path(), &["config", "check"], env);
         assert_eq!(o.status.code(), Some(3), "{file} {env:?}: {}", stderr(&o));
-        assert!(stderr(&o).contains(field), "message must name {field}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(field),
+            "message must name {field}: {}",
+            stderr(&o)
+        );
         let p = run(d.path(), &["plan", "--json"], env);
         assert_eq!(p.status.code(), Some(3));
         let v: serde_json::Value = serde_json::from_str(&stdout(&p)).unwrap();
@@ -57,7 +85,11 @@ fn init_writes_a_config_that_checks() {
     let text = std::fs::read_to_string(d.path().join("spark-deploy.toml")).unwrap();
     assert!(text.contains("# Shared KV pool"));
     assert!(run(d.path(), &["config", "check"], &[]).status.success());
-    assert_eq!(run(d.path(), &["init"], &[]).status.code(), Some(3), "refuses to overwrite");
+    assert_eq!(
+        run(d.path(), &["init"], &[]).status.code(),
+        Some(3),
+        "refuses to overwrite"
+    );
 }
 
 #[test]
@@ -66,15 +98,33 @@ fn init_from_recipe_imports_plain_lines_only() {
     let recipe = d.path().join("recipe");
     std::fs::create_dir_all(recipe.join("scripts")).unwrap();
     std::fs::write(recipe.join(".env"), "CONTEXT=262144\nNFS_VOLUME=\n").unwrap();
-    std::fs::write(recipe.join("scripts/local.sh"), format!("WORKER=ops@192.0.2.2\nHF_TOKEN={TOKEN}\ntouch pwned\n")).unwrap();
+    std::fs::write(
+        recipe.join("scripts/local.sh"),
+        format!("WORKER=ops@192.0.2.2\nHF_TOKEN={TOKEN}\ntouch pwned\n"),
+    )
+    .unwrap();
     let o = run(d.path(), &["init", "--from-recipe", "recipe"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
-    assert!(err.contains("not imported") && err.contains("local.sh:3"), "{err}");
-    assert!(!d.path().join("pwned").exists() && !recipe.join("pwned").exists(), "nothing is executed");
+    assert!(
+        err.contains("not imported") && err.contains("local.sh:3"),
+        "{err}"
+    );
+    assert!(
+        !d.path().join("pwned").exists() && !recipe.join("pwned").exists(),
+        "nothing is executed"
+    );
     let text = std::fs::read_to_string(d.path().join("spark-deploy.toml")).unwrap();
-    assert!(!text.contains(TOKEN) && !err.contains(TOKEN), "token never written");
-    assert!(text.contains("ops@192.0.2.2") && text.contains("262144") && text.contains("worker_storage = \"copy\""), "{text}");
+    assert!(
+        !text.contains(TOKEN) && !err.contains(TOKEN),
+        "token never written"
+    );
+    assert!(
+        text.contains("ops@192.0.2.2")
+            && text.contains("262144")
+            && text.contains("worker_storage = \"copy\""),
+        "{text}"
+    );
     let plan = common::plan_json(d.path(), &[]);
     assert_eq!(plan["deployment"]["context"], 262_144);
 }

@@ -13,11 +13,7 @@ impl Error {
     #[must_use]
     pub fn remedy(&self) -> Option<String> {
         match self {
-            Self::Config(crate::config::ConfigError::Invalid { .. }) => {
-                Some("fix the named fields (allowed ranges shown), then run `spark-deploy config check`".into())
-            }
-            Self::Config(crate::config::ConfigError::Read { .. }) => Some("create one with `spark-deploy init`".into()),
-            Self::Config(_) => None,
+            Self::Config(e) => e.remedy(),
         }
     }
 }

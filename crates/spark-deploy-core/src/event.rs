@@ -127,13 +127,51 @@ impl Event {
     fn redact(self, secrets: &[Secret]) -> Self {
         let r = |s: String| secrets.iter().fold(s, |acc, sec| sec.redact_in(&acc));
         match self {
-            Self::Started { step, message } => Self::Started { step, message: r(message) },
-            Self::Log { step, node, level, line } => Self::Log { step, node, level, line: r(line) },
-            Self::Skipped { step, reason } => Self::Skipped { step, reason: r(reason) },
-            Self::Failed { step, error, remedy } => Self::Failed { step, error: r(error), remedy: remedy.map(r) },
-            Self::Progress { step, node, label, bytes_done, bytes_total, rate_bps, eta_s } => {
-                Self::Progress { step, node, label: r(label), bytes_done, bytes_total, rate_bps, eta_s }
-            }
+            Self::Started { step, message } => Self::Started {
+                step,
+                message: r(message),
+            },
+            Self::Log {
+                step,
+                node,
+                level,
+                line,
+            } => Self::Log {
+                step,
+                node,
+                level,
+                line: r(line),
+            },
+            Self::Skipped { step, reason } => Self::Skipped {
+                step,
+                reason: r(reason),
+            },
+            Self::Failed {
+                step,
+                error,
+                remedy,
+            } => Self::Failed {
+                step,
+                error: r(error),
+                remedy: remedy.map(r),
+            },
+            Self::Progress {
+                step,
+                node,
+                label,
+                bytes_done,
+                bytes_total,
+                rate_bps,
+                eta_s,
+            } => Self::Progress {
+                step,
+                node,
+                label: r(label),
+                bytes_done,
+                bytes_total,
+                rate_bps,
+                eta_s,
+            },
             e @ Self::Finished { .. } => e,
         }
     }
@@ -160,7 +198,13 @@ pub struct RedactingSink<S> {
 impl<S: EventSink> RedactingSink<S> {
     /// Redacts `secrets` (empty ones are ignored) from every event before `inner` sees it.
     pub fn new(inner: S, secrets: impl IntoIterator<Item = Secret>) -> Self {
-        Self { inner, secrets: secrets.into_iter().filter(|s| !s.expose().is_empty()).collect() }
+        Self {
+            inner,
+            secrets: secrets
+                .into_iter()
+                .filter(|s| !s.expose().is_empty())
+                .collect(),
+        }
     }
 }
 
@@ -198,8 +242,17 @@ mod tests {
     fn secrets_never_reach_the_sink_and_lines_carry_the_schema() {
         let rec = Recorder::default();
         let sink = RedactingSink::new(rec.clone(), [Secret::new("hf_secretvalue")]);
-        sink.emit(Event::Log { step: StepKind::FetchCheckpoint, node: None, level: Level::Info, line: "Bearer hf_secretvalue".into() });
-        sink.emit(Event::Failed { step: StepKind::FetchCheckpoint, error: "401 for hf_secretvalue".into(), remedy: Some("x hf_secretvalue".into()) });
+        sink.emit(Event::Log {
+            step: StepKind::FetchCheckpoint,
+            node: None,
+            level: Level::Info,
+            line: "Bearer hf_secretvalue".into(),
+        });
+        sink.emit(Event::Failed {
+            step: StepKind::FetchCheckpoint,
+            error: "401 for hf_secretvalue".into(),
+            remedy: Some("x hf_secretvalue".into()),
+        });
         let lines: Vec<String> = rec.events().iter().map(Event::to_json_line).collect();
         for l in &lines {
             assert!(!l.contains("hf_secretvalue"), "{l}");

@@ -36,7 +36,9 @@ impl NodeFacts {
         let n = node.name.as_str();
         Self {
             node: n.to_owned(),
-            fabric_addr: node.fabric_addr.map_or_else(|| detect("fabric IPv4", n), |a| a.to_string()),
+            fabric_addr: node
+                .fabric_addr
+                .map_or_else(|| detect("fabric IPv4", n), |a| a.to_string()),
             netdev: detect("fabric netdev", n),
             rdma_devices: Some(detect("RoCE devices of the fabric port", n)),
             gid_index: Some(detect("RoCE v2 GID index of the fabric address", n)),
@@ -66,12 +68,18 @@ impl DeploymentFacts {
         } else {
             format!("<commit of {rev} of {}, resolved at fetch>", c.model.id)
         };
-        Self { model_commit, nodes: c.nodes.iter().map(NodeFacts::placeholders).collect() }
+        Self {
+            model_commit,
+            nodes: c.nodes.iter().map(NodeFacts::placeholders).collect(),
+        }
     }
 }
 
 /// Whether `rev` is a full 40-hex commit hash.
 #[must_use]
 pub fn is_commit(rev: &str) -> bool {
-    rev.len() == 40 && rev.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    rev.len() == 40
+        && rev
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }

@@ -40,7 +40,11 @@ impl NodeLayout {
             "{}@{}{}",
             c.model.id.replace('/', "--"),
             c.model.revision,
-            if c.model.ablit { format!("+ablit@{}", c.model.ablit_revision) } else { String::new() }
+            if c.model.ablit {
+                format!("+ablit@{}", c.model.ablit_revision)
+            } else {
+                String::new()
+            }
         );
         Self {
             node: node.name.clone(),
@@ -56,6 +60,10 @@ impl NodeLayout {
     /// Path of the checkpoint snapshot below a cache root mounted at `cache_root`.
     #[must_use]
     pub fn snapshot_under(cache_root: &str, repo: &str, commit: &str) -> String {
-        format!("{}/hub/{}/snapshots/{commit}", cache_root.trim_end_matches('/'), repo_folder(repo))
+        format!(
+            "{}/hub/{}/snapshots/{commit}",
+            cache_root.trim_end_matches('/'),
+            repo_folder(repo)
+        )
     }
 }

@@ -7,6 +7,8 @@
 //! three ports ([`ports`] for Exec and Docker, [`hub`] for the Hub); progress leaves as
 //! [`event::Event`]s, never as prints. Everything TensorFold-specific lives in [`engine`].
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod container;
 pub mod engine;

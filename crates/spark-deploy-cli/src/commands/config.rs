@@ -16,13 +16,21 @@ pub(crate) fn run(global: &Global, cmd: &ConfigCommand) -> Result<(), Failure> {
     match cmd {
         ConfigCommand::Check => {
             let config = global.load()?;
-            let source = global.config_path().map_or_else(|| "built-in defaults".to_owned(), |p| p.display().to_string());
+            let source = global.config_path().map_or_else(
+                || "built-in defaults".to_owned(),
+                |p| p.display().to_string(),
+            );
             if global.json {
                 let v = serde_json::json!({ "ok": true, "source": source, "warnings": config.warnings() });
                 render::out(&v.to_string());
             } else {
                 render::warnings(config.warnings());
-                render::out(&format!("config OK ({source}): {} nodes, context {}, parallel {}", config.config().nodes.len(), config.config().serving.context, config.config().serving.parallel));
+                render::out(&format!(
+                    "config OK ({source}): {} nodes, context {}, parallel {}",
+                    config.config().nodes.len(),
+                    config.config().serving.context,
+                    config.config().serving.parallel
+                ));
             }
             Ok(())
         }

@@ -30,13 +30,28 @@ pub(crate) fn run(_global: &Global, args: &InitArgs) -> Result<(), Failure> {
         None => (TEMPLATE.to_owned(), Vec::new()),
         Some(dir) => {
             let import = import_recipe(dir)?;
-            let mut notes: Vec<String> = import.imported.iter().map(|(k, f)| format!("imported {k} from {}", f.display())).collect();
-            notes.extend(import.skipped.iter().map(|s| format!("not imported: {}:{}: {}", s.file.display(), s.line, s.reason)));
+            let mut notes: Vec<String> = import
+                .imported
+                .iter()
+                .map(|(k, f)| format!("imported {k} from {}", f.display()))
+                .collect();
+            notes.extend(import.skipped.iter().map(|s| {
+                format!(
+                    "not imported: {}:{}: {}",
+                    s.file.display(),
+                    s.line,
+                    s.reason
+                )
+            }));
             if import.config.hub.token.is_some() {
                 notes.push("HF_TOKEN found: not written to the config; export HF_TOKEN or run `hf auth login` on the head".to_owned());
             }
-            let body = toml::to_string_pretty(&import.config).map_err(|e| Failure::new(CONFIG, &e, None))?;
-            let header = format!("# spark-deploy configuration imported from the bash recipe in {}\n# See `spark-deploy init --stdout` for every key with its meaning.\n\n", dir.display());
+            let body = toml::to_string_pretty(&import.config)
+                .map_err(|e| Failure::new(CONFIG, &e, None))?;
+            let header = format!(
+                "# spark-deploy configuration imported from the bash recipe in {}\n# See `spark-deploy init --stdout` for every key with its meaning.\n\n",
+                dir.display()
+            );
             (header + &body, notes)
         }
     };
@@ -54,7 +69,15 @@ pub(crate) fn run(_global: &Global, args: &InitArgs) -> Result<(), Failure> {
             remedy: Some("pass --force to overwrite, or choose another file".into()),
         });
     }
-    std::fs::write(&args.file, text).map_err(|source| Failure::from(ConfigError::Write { path: args.file.clone(), source }))?;
-    render::note(&format!("wrote {}; check it with `spark-deploy config check`", args.file.display()));
+    std::fs::write(&args.file, text).map_err(|source| {
+        Failure::from(ConfigError::Write {
+            path: args.file.clone(),
+            source,
+        })
+    })?;
+    render::note(&format!(
+        "wrote {}; check it with `spark-deploy config check`",
+        args.file.display()
+    ));
     Ok(())
 }

@@ -22,7 +22,11 @@ pub(crate) const DEFAULT_FILE: &str = "spark-deploy.toml";
 impl Global {
     /// The config file in use: `--config`, else `./spark-deploy.toml` when present, else defaults.
     pub(crate) fn config_path(&self) -> Option<PathBuf> {
-        self.config.clone().or_else(|| Path::new(DEFAULT_FILE).exists().then(|| PathBuf::from(DEFAULT_FILE)))
+        self.config.clone().or_else(|| {
+            Path::new(DEFAULT_FILE)
+                .exists()
+                .then(|| PathBuf::from(DEFAULT_FILE))
+        })
     }
 
     /// Loads, applies the environment and validates.

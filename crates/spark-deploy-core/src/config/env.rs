@@ -5,8 +5,8 @@
 
 use std::net::Ipv4Addr;
 
-use super::schema::{DeploymentConfig, NodeConfig, PreparePolicy, WorkerStorage};
 use super::ConfigError;
+use super::schema::{DeploymentConfig, NodeConfig, PreparePolicy, WorkerStorage};
 use crate::secret::Secret;
 
 /// One environment variable and the config field it sets.
@@ -21,15 +21,29 @@ pub struct EnvOverride {
 }
 
 /// Variables whose value is passed to both ranks unchanged, only when set (ENGINE-CONTRACT.md §2.10).
-pub const OPAQUE_SWITCHES: [&str; 4] =
-    ["TF_DS_ENGRAM_LANES", "TF_DS_IDX_SPLIT", "PREFILL_INTERLEAVE_MS", "TF_DS_IMAGE_CACHE"];
+pub const OPAQUE_SWITCHES: [&str; 4] = [
+    "TF_DS_ENGRAM_LANES",
+    "TF_DS_IDX_SPLIT",
+    "PREFILL_INTERLEAVE_MS",
+    "TF_DS_IMAGE_CACHE",
+];
 
 macro_rules! ov {
     ($var:literal, $field:literal, |$c:ident, $v:ident| $body:expr) => {
-        EnvOverride { var: $var, field: $field, secret: false, apply: |$c, $v| $body }
+        EnvOverride {
+            var: $var,
+            field: $field,
+            secret: false,
+            apply: |$c, $v| $body,
+        }
     };
     (secret $var:literal, $field:literal, |$c:ident, $v:ident| $body:expr) => {
-        EnvOverride { var: $var, field: $field, secret: true, apply: |$c, $v| $body }
+        EnvOverride {
+            var: $var,
+            field: $field,
+            secret: true,
+            apply: |$c, $v| $body,
+        }
     };
 }
 
@@ -67,7 +81,11 @@ pub static ENV_OVERRIDES: &[EnvOverride] = &[
         worker(c).fabric_addr = if v.trim().is_empty() {
             None
         } else {
-            Some(v.trim().parse::<Ipv4Addr>().map_err(|_| "a dotted-quad IPv4 address".to_owned())?)
+            Some(
+                v.trim()
+                    .parse::<Ipv4Addr>()
+                    .map_err(|_| "a dotted-quad IPv4 address".to_owned())?,
+            )
         };
         Ok(())
     }),
@@ -143,14 +161,26 @@ pub static ENV_OVERRIDES: &[EnvOverride] = &[
         c.engine.rendezvous_port = num(v)?;
         Ok(())
     }),
-    ov!("TF_DS_ENGRAM_LANES", "engine.switches.TF_DS_ENGRAM_LANES", |c, v| switch(c, "TF_DS_ENGRAM_LANES", v)),
-    ov!("TF_DS_IDX_SPLIT", "engine.switches.TF_DS_IDX_SPLIT", |c, v| switch(c, "TF_DS_IDX_SPLIT", v)),
-    ov!("PREFILL_INTERLEAVE_MS", "engine.switches.PREFILL_INTERLEAVE_MS", |c, v| switch(
-        c,
+    ov!(
+        "TF_DS_ENGRAM_LANES",
+        "engine.switches.TF_DS_ENGRAM_LANES",
+        |c, v| switch(c, "TF_DS_ENGRAM_LANES", v)
+    ),
+    ov!(
+        "TF_DS_IDX_SPLIT",
+        "engine.switches.TF_DS_IDX_SPLIT",
+        |c, v| switch(c, "TF_DS_IDX_SPLIT", v)
+    ),
+    ov!(
         "PREFILL_INTERLEAVE_MS",
-        v
-    )),
-    ov!("TF_DS_IMAGE_CACHE", "engine.switches.TF_DS_IMAGE_CACHE", |c, v| switch(c, "TF_DS_IMAGE_CACHE", v)),
+        "engine.switches.PREFILL_INTERLEAVE_MS",
+        |c, v| switch(c, "PREFILL_INTERLEAVE_MS", v)
+    ),
+    ov!(
+        "TF_DS_IMAGE_CACHE",
+        "engine.switches.TF_DS_IMAGE_CACHE",
+        |c, v| switch(c, "TF_DS_IMAGE_CACHE", v)
+    ),
     ov!("WORKER_WEIGHTS", "deployment.worker_storage", |c, v| {
         c.deployment.worker_storage = match v.trim() {
             "nfs" => WorkerStorage::Nfs,
@@ -215,7 +245,11 @@ pub fn apply_env(
             (ov.apply)(config, &value).map_err(|expected| ConfigError::Env {
                 var: ov.var,
                 field: ov.field,
-                value: if ov.secret { crate::secret::REDACTED.to_owned() } else { value.clone() },
+                value: if ov.secret {
+                    crate::secret::REDACTED.to_owned()
+                } else {
+                    value.clone()
+                },
                 expected,
             })?;
             applied.push(ov.var);
@@ -235,7 +269,10 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let v: Vec<(String, String)> = pairs.iter().map(|(a, b)| ((*a).to_owned(), (*b).to_owned())).collect();
+        let v: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect();
         move |k| v.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone())
     }
 
@@ -268,8 +305,13 @@ mod tests {
     #[test]
     fn bad_value_names_the_variable_and_hides_secrets() {
         let mut c = DeploymentConfig::default();
-        let e = apply_env(&mut c, &env(&[("CONTEXT", "lots")])).unwrap_err().to_string();
-        assert!(e.contains("CONTEXT") && e.contains("serving.context") && e.contains("whole number"), "{e}");
+        let e = apply_env(&mut c, &env(&[("CONTEXT", "lots")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("CONTEXT") && e.contains("serving.context") && e.contains("whole number"),
+            "{e}"
+        );
         assert!(OPAQUE_SWITCHES.iter().all(|s| find(s).is_some()));
     }
 }

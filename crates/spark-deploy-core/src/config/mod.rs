@@ -28,7 +28,9 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML for the schema (unknown key, wrong type).
-    #[error("config file {path}: {message}\n  remedy: compare with `spark-deploy init --stdout` and the README's config reference")]
+    #[error(
+        "config file {path}: {message}\n  remedy: compare with `spark-deploy init --stdout` and the README's config reference"
+    )]
     Parse {
         /// The file.
         path: PathBuf,
@@ -64,15 +66,30 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// What the user can do about it.
+    #[must_use]
+    pub fn remedy(&self) -> Option<String> {
+        match self {
+            Self::Invalid { .. } => Some(
+                "fix the named fields (allowed ranges shown), then run `spark-deploy config check`"
+                    .into(),
+            ),
+            Self::Read { .. } => Some("create one with `spark-deploy init`".into()),
+            Self::Env { var, .. } => Some(format!("fix or unset {var} in the environment")),
+            Self::Parse { .. } | Self::Write { .. } => None,
+        }
+    }
+
     /// The first field path this error names, if any.
     #[must_use]
     pub fn field(&self) -> Option<String> {
         match self {
             Self::Env { field, .. } => Some((*field).to_owned()),
             Self::Invalid { problems } => problems.first().map(|p| p.field.clone()),
-            Self::Parse { message, .. } => message
-                .lines()
-                .find_map(|l| l.split_once("unknown field `").map(|(_, r)| r.split('`').next().unwrap_or("").to_owned())),
+            Self::Parse { message, .. } => message.lines().find_map(|l| {
+                l.split_once("unknown field `")
+                    .map(|(_, r)| r.split('`').next().unwrap_or("").to_owned())
+            }),
             _ => None,
         }
     }
@@ -84,7 +101,10 @@ impl ConfigError {
 ///
 /// [`ConfigError::Parse`] with line, column and key for syntax errors, unknown keys and wrong types.
 pub fn parse(text: &str, origin: &Path) -> Result<DeploymentConfig, ConfigError> {
-    toml::from_str(text).map_err(|e| ConfigError::Parse { path: origin.to_owned(), message: e.to_string().trim_end().to_owned() })
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: origin.to_owned(),
+        message: e.to_string().trim_end().to_owned(),
+    })
 }
 
 /// Reads `path` (or the defaults when `None`) and applies the process environment.
@@ -101,10 +121,16 @@ pub fn load(path: Option<&Path>) -> Result<DeploymentConfig, ConfigError> {
 /// # Errors
 ///
 /// As [`load`].
-pub fn load_with_env(path: Option<&Path>, lookup: &dyn Fn(&str) -> Option<String>) -> Result<DeploymentConfig, ConfigError> {
+pub fn load_with_env(
+    path: Option<&Path>,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<DeploymentConfig, ConfigError> {
     let mut config = match path {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.to_owned(), source })?;
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.to_owned(),
+                source,
+            })?;
             parse(&text, p)?
         }
         None => DeploymentConfig::default(),

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::ConfigError;
 use super::env::{self, apply_env};
 use super::schema::DeploymentConfig;
-use super::ConfigError;
 
 /// A line that was not imported, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -46,24 +46,33 @@ fn parse_line(raw: &str) -> Option<Result<(String, String), String>> {
     let Some((name, rest)) = body.split_once('=') else {
         return Some(Err("not a KEY=value line (never executed)".to_owned()));
     };
-    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') || name.as_bytes()[0].is_ascii_digit() {
+    if name.is_empty()
+        || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        || name.as_bytes()[0].is_ascii_digit()
+    {
         return Some(Err(format!("{name:?} is not a variable name")));
     }
     let value = if let Some(q) = rest.chars().next().filter(|c| *c == '"' || *c == '\'') {
         let inner = &rest[1..];
-        let Some(end) = inner.find(q) else { return Some(Err("unterminated quote".to_owned())) };
+        let Some(end) = inner.find(q) else {
+            return Some(Err("unterminated quote".to_owned()));
+        };
         let after = inner[end + 1..].trim();
         if !(after.is_empty() || after.starts_with('#')) {
             return Some(Err("text after the closing quote".to_owned()));
         }
         if q == '"' && (inner[..end].contains('$') || inner[..end].contains('`')) {
-            return Some(Err("needs shell expansion ($ or `); set it by hand".to_owned()));
+            return Some(Err(
+                "needs shell expansion ($ or `); set it by hand".to_owned()
+            ));
         }
         inner[..end].to_owned()
     } else {
         let v = rest.split('#').next().unwrap_or("").trim_end();
         if v.contains('$') || v.contains('`') || v.contains(';') || v.contains('(') {
-            return Some(Err("needs a shell ($, `, ; or parentheses); set it by hand".to_owned()));
+            return Some(Err(
+                "needs a shell ($, `, ; or parentheses); set it by hand".to_owned(),
+            ));
         }
         v.to_owned()
     };
@@ -87,14 +96,25 @@ pub fn import_recipe(dir: &Path) -> Result<RecipeImport, ConfigError> {
         if !file.exists() {
             continue;
         }
-        let text = std::fs::read_to_string(&file).map_err(|source| ConfigError::Read { path: file.clone(), source })?;
+        let text = std::fs::read_to_string(&file).map_err(|source| ConfigError::Read {
+            path: file.clone(),
+            source,
+        })?;
         for (i, raw) in text.lines().enumerate() {
             match parse_line(raw) {
                 None => {}
-                Some(Err(reason)) => skipped.push(Skipped { file: file.clone(), line: i + 1, reason }),
+                Some(Err(reason)) => skipped.push(Skipped {
+                    file: file.clone(),
+                    line: i + 1,
+                    reason,
+                }),
                 Some(Ok((k, v))) => {
                     if env::find(&k).is_none() {
-                        skipped.push(Skipped { file: file.clone(), line: i + 1, reason: format!("{k} has no spark-deploy equivalent") });
+                        skipped.push(Skipped {
+                            file: file.clone(),
+                            line: i + 1,
+                            reason: format!("{k} has no spark-deploy equivalent"),
+                        });
                     } else {
                         values.retain(|(name, _, _)| name != &k);
                         values.push((k, v, file.clone()));
@@ -104,10 +124,22 @@ pub fn import_recipe(dir: &Path) -> Result<RecipeImport, ConfigError> {
         }
     }
     let mut config = DeploymentConfig::default();
-    let lookup = |k: &str| values.iter().find(|(name, _, _)| name == k).map(|(_, v, _)| v.clone());
+    let lookup = |k: &str| {
+        values
+            .iter()
+            .find(|(name, _, _)| name == k)
+            .map(|(_, v, _)| v.clone())
+    };
     apply_env(&mut config, &lookup)?;
-    let imported = values.iter().map(|(k, _, f)| (k.clone(), f.clone())).collect();
-    Ok(RecipeImport { config, imported, skipped })
+    let imported = values
+        .iter()
+        .map(|(k, _, f)| (k.clone(), f.clone()))
+        .collect();
+    Ok(RecipeImport {
+        config,
+        imported,
+        skipped,
+    })
 }
 
 #[cfg(test)]
@@ -118,7 +150,11 @@ mod tests {
     fn imports_plain_assignments_and_reports_the_rest() {
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir(d.path().join("scripts")).unwrap();
-        std::fs::write(d.path().join(".env"), "CONTEXT=262144\nPARALLEL=2 # fewer\nFOO=bar\n").unwrap();
+        std::fs::write(
+            d.path().join(".env"),
+            "CONTEXT=262144\nPARALLEL=2 # fewer\nFOO=bar\n",
+        )
+        .unwrap();
         std::fs::write(
             d.path().join("scripts/local.sh"),
             "# comment\nexport WORKER=\"ops@192.0.2.2\"\nCONTEXT=524288\nHF_TOKEN='hf_abc'\nrm -rf /\nMODEL_ID=\"$HOME/x\"\n",
@@ -129,9 +165,26 @@ mod tests {
         assert_eq!(r.config.serving.parallel, 2);
         assert_eq!(r.config.nodes[1].ssh, "ops@192.0.2.2");
         assert!(r.config.hub.token.is_some());
-        let reasons: Vec<_> = r.skipped.iter().map(|s| (s.line, s.reason.as_str())).collect();
-        assert!(reasons.iter().any(|(_, r)| r.contains("FOO")), "{reasons:?}");
-        assert!(reasons.iter().any(|(l, r)| *l == 5 && r.contains("never executed")), "{reasons:?}");
-        assert!(reasons.iter().any(|(l, r)| *l == 6 && r.contains("expansion")), "{reasons:?}");
+        let reasons: Vec<_> = r
+            .skipped
+            .iter()
+            .map(|s| (s.line, s.reason.as_str()))
+            .collect();
+        assert!(
+            reasons.iter().any(|(_, r)| r.contains("FOO")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|(l, r)| *l == 5 && r.contains("never executed")),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|(l, r)| *l == 6 && r.contains("expansion")),
+            "{reasons:?}"
+        );
     }
 }

@@ -36,7 +36,11 @@ pub fn fields() -> Vec<FieldDoc> {
         if let Some(h) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             section = h.to_owned();
             if section.starts_with("engine.") {
-                out.push(FieldDoc { path: section.clone(), default: "{}".into(), description: comment.join(" ") });
+                out.push(FieldDoc {
+                    path: section.clone(),
+                    default: "{}".into(),
+                    description: comment.join(" "),
+                });
             }
             comment.clear();
             continue;
@@ -45,7 +49,9 @@ pub fn fields() -> Vec<FieldDoc> {
             Some(rest) => (true, rest.trim()),
             None => (false, line),
         };
-        let key_value = body.split_once(" = ").filter(|(k, _)| k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+        let key_value = body
+            .split_once(" = ")
+            .filter(|(k, _)| k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
         match key_value {
             Some((k, v)) if !section.starts_with("engine.") => {
                 let path = format!("{section}.{k}");
@@ -58,8 +64,16 @@ pub fn fields() -> Vec<FieldDoc> {
                     description.clone_from(&carry);
                 }
                 carry.clone_from(&description);
-                let default = if commented { "unset".to_owned() } else { v.to_owned() };
-                out.push(FieldDoc { path, default, description });
+                let default = if commented {
+                    "unset".to_owned()
+                } else {
+                    v.to_owned()
+                };
+                out.push(FieldDoc {
+                    path,
+                    default,
+                    description,
+                });
                 comment.clear();
             }
             Some(_) => comment.clear(),
@@ -81,9 +95,17 @@ pub fn markdown() -> String {
             .filter(|o| o.field == lookup || o.field.starts_with(&format!("{lookup}.")))
             .map(|o| o.var)
             .collect();
-        let env = if envs.is_empty() { String::new() } else { format!("`{}`", envs.join("`, `")) };
+        let env = if envs.is_empty() {
+            String::new()
+        } else {
+            format!("`{}`", envs.join("`, `"))
+        };
         let desc = f.description.replace('|', "\\|");
-        s.push_str(&format!("| `{}` | `{}` | {env} | {desc} |\n", f.path, f.default.replace('|', "\\|")));
+        s.push_str(&format!(
+            "| `{}` | `{}` | {env} | {desc} |\n",
+            f.path,
+            f.default.replace('|', "\\|")
+        ));
     }
     s
 }
@@ -95,9 +117,15 @@ mod tests {
 
     fn leaf_paths(prefix: &str, v: &toml::Value, out: &mut Vec<String>) {
         match v {
-            toml::Value::Table(t) if !prefix.starts_with("engine.") || prefix.matches('.').count() < 1 => {
+            toml::Value::Table(t)
+                if !prefix.starts_with("engine.") || prefix.matches('.').count() < 1 =>
+            {
                 for (k, v) in t {
-                    let p = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    let p = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
                     leaf_paths(&p, v, out);
                 }
             }
@@ -119,7 +147,9 @@ mod tests {
         node.fabric_addr = Some(std::net::Ipv4Addr::new(198, 18, 0, 2));
         node.hf_cache = "x".into();
         full.nodes.push(node);
-        full.engine.switches.insert("TF_DS_IDX_SPLIT".into(), "1".into());
+        full.engine
+            .switches
+            .insert("TF_DS_IDX_SPLIT".into(), "1".into());
         full.engine.env.insert("NCCL_DEBUG".into(), "INFO".into());
         let value = toml::Value::try_from(&full).unwrap();
         let mut schema = Vec::new();
@@ -129,15 +159,57 @@ mod tests {
         let mut documented: Vec<String> = fields().into_iter().map(|f| f.path).collect();
         documented.sort();
         assert_eq!(schema, documented);
-        assert!(fields().iter().all(|f| !f.description.is_empty()), "{:#?}", fields());
+        assert!(
+            fields().iter().all(|f| !f.description.is_empty()),
+            "{:#?}",
+            fields()
+        );
     }
 
     #[test]
     fn every_env_override_targets_a_documented_key() {
-        let documented: Vec<String> = fields().into_iter().map(|f| f.path.replace("[]", "[1]")).collect();
+        let documented: Vec<String> = fields()
+            .into_iter()
+            .map(|f| f.path.replace("[]", "[1]"))
+            .collect();
         for o in ENV_OVERRIDES {
             let secret = o.field == "hub.token" || o.field == "serving.api_key";
-            assert!(secret || documented.iter().any(|d| o.field == d || o.field.starts_with(&format!("{d}."))), "{} -> {}", o.var, o.field);
+            assert!(
+                secret
+                    || documented
+                        .iter()
+                        .any(|d| o.field == d || o.field.starts_with(&format!("{d}."))),
+                "{} -> {}",
+                o.var,
+                o.field
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod readme {
+    /// The README's reference table is exactly [`super::markdown`]; regenerate it with
+    /// `SPARK_DEPLOY_BLESS=1 cargo test -p spark-deploy-core readme`.
+    #[test]
+    fn readme_reference_is_in_sync() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+        let readme = std::fs::read_to_string(&path).unwrap();
+        let (start, end) = (
+            "<!-- config-reference:start -->\n",
+            "<!-- config-reference:end -->",
+        );
+        let a = readme.find(start).expect("start marker") + start.len();
+        let b = readme.find(end).expect("end marker");
+        let table = super::markdown();
+        if std::env::var_os("SPARK_DEPLOY_BLESS").is_some() {
+            std::fs::write(&path, format!("{}{table}{}", &readme[..a], &readme[b..])).unwrap();
+        } else {
+            assert_eq!(
+                readme[a..b],
+                table,
+                "README config reference is stale: rerun with SPARK_DEPLOY_BLESS=1"
+            );
         }
     }
 }

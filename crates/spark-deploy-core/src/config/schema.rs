@@ -58,7 +58,10 @@ impl Default for DeploymentConfig {
             engine: EngineSection::default(),
             storage: StorageSection::default(),
             lifecycle: LifecycleSection::default(),
-            nodes: vec![NodeConfig::head(), NodeConfig::worker("worker-1", "spark-2")],
+            nodes: vec![
+                NodeConfig::head(),
+                NodeConfig::worker("worker-1", "spark-2"),
+            ],
         }
     }
 }
@@ -292,7 +295,11 @@ pub struct StorageSection {
 
 impl Default for StorageSection {
     fn default() -> Self {
-        Self { nfs_volume: "spark-deploy-hf".into(), head_nfs_server: String::new(), nfs_path: String::new() }
+        Self {
+            nfs_volume: "spark-deploy-hf".into(),
+            head_nfs_server: String::new(),
+            nfs_path: String::new(),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ pub const TEMPLATE: &str = include_str!("template.toml");
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{parse, DeploymentConfig};
+    use crate::config::{DeploymentConfig, parse};
 
     #[test]
     fn template_is_the_default() {

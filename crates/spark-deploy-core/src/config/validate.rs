@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::ConfigError;
 use super::env::OPAQUE_SWITCHES;
 use super::schema::DeploymentConfig;
-use super::ConfigError;
 use crate::engine::EngineLimits;
 
 /// One refused field.
@@ -27,7 +27,11 @@ pub struct FieldProblem {
 
 impl fmt::Display for FieldProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} = {}: allowed {}", self.field, self.value, self.allowed)
+        write!(
+            f,
+            "{} = {}: allowed {}",
+            self.field, self.value, self.allowed
+        )
     }
 }
 
@@ -79,15 +83,34 @@ struct Checker {
 }
 
 impl Checker {
-    fn refuse(&mut self, field: impl Into<String>, value: impl fmt::Display, allowed: impl Into<String>) {
-        self.problems.push(FieldProblem { field: field.into(), value: value.to_string(), allowed: allowed.into() });
+    fn refuse(
+        &mut self,
+        field: impl Into<String>,
+        value: impl fmt::Display,
+        allowed: impl Into<String>,
+    ) {
+        self.problems.push(FieldProblem {
+            field: field.into(),
+            value: value.to_string(),
+            allowed: allowed.into(),
+        });
     }
 
     fn warn(&mut self, field: impl Into<String>, message: impl Into<String>) {
-        self.warnings.push(ConfigWarning { field: field.into(), message: message.into() });
+        self.warnings.push(ConfigWarning {
+            field: field.into(),
+            message: message.into(),
+        });
     }
 
-    fn range<T: PartialOrd + fmt::Display + Copy>(&mut self, field: &str, v: T, lo: T, hi: T, why: &str) {
+    fn range<T: PartialOrd + fmt::Display + Copy>(
+        &mut self,
+        field: &str,
+        v: T,
+        lo: T,
+        hi: T,
+        why: &str,
+    ) {
         if v < lo || v > hi {
             self.refuse(field, v, format!("{lo}..={hi}{why}"));
         }
@@ -96,10 +119,15 @@ impl Checker {
     fn name(&mut self, field: &str, v: &str, max: usize) {
         let ok = !v.is_empty()
             && v.len() <= max
-            && v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && v.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !v.starts_with('-');
         if !ok {
-            self.refuse(field, format!("{v:?}"), format!("1..={max} characters of [a-z0-9-], not starting with '-'"));
+            self.refuse(
+                field,
+                format!("{v:?}"),
+                format!("1..={max} characters of [a-z0-9-], not starting with '-'"),
+            );
         }
     }
 
@@ -108,7 +136,8 @@ impl Checker {
             !o.is_empty()
                 && !n.is_empty()
                 && !n.contains('/')
-                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
         });
         if !ok {
             self.refuse(field, format!("{v:?}"), "a Hub repo id `owner/name`");
@@ -116,10 +145,18 @@ impl Checker {
     }
 
     fn revision(&mut self, field: &str, v: &str) {
-        let sha = v.len() == 40 && v.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
-        let branch = !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        let sha = v.len() == 40
+            && v.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        let branch = !v.is_empty()
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
         if !sha && !branch {
-            self.refuse(field, format!("{v:?}"), "a 40-hex commit or a branch/tag name");
+            self.refuse(
+                field,
+                format!("{v:?}"),
+                "a 40-hex commit or a branch/tag name",
+            );
         } else if !sha {
             self.warn(field, format!("{v:?} is not a commit: it is resolved once at fetch and the commit is recorded; pin a 40-hex commit for reproducible deployments"));
         }
@@ -140,10 +177,25 @@ pub fn expand_home(path: &str, home: &Path) -> String {
 
 /// Engine environment the deployment sets itself; `engine.env` may not override them.
 const MANAGED_ENV: &[&str] = &[
-    "TF_TP_WORLD", "TF_TP_MASTER", "TF_TP_PORT", "TF_DS_RANK_CACHE", "TF_DS_KIT", "TENSORFOLD_CUDA_KERNELS",
-    "TF_DS_ENGRAM", "TF_DS_TOKEN_MAP", "TF_RDMA_DEVICES", "TF_RDMA_GID_INDEX", "TF_DS_GRAPHS", "TF_DS_HC_SIDE",
-    "TF_DS_L2_PREFETCH", "TF_DS_ENGRAM_AIO", "TF_DS_REPLAY_FLOOR", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX",
-    "NCCL_SOCKET_IFNAME", "TENSORFOLD_API_KEY",
+    "TF_TP_WORLD",
+    "TF_TP_MASTER",
+    "TF_TP_PORT",
+    "TF_DS_RANK_CACHE",
+    "TF_DS_KIT",
+    "TENSORFOLD_CUDA_KERNELS",
+    "TF_DS_ENGRAM",
+    "TF_DS_TOKEN_MAP",
+    "TF_RDMA_DEVICES",
+    "TF_RDMA_GID_INDEX",
+    "TF_DS_GRAPHS",
+    "TF_DS_HC_SIDE",
+    "TF_DS_L2_PREFETCH",
+    "TF_DS_ENGRAM_AIO",
+    "TF_DS_REPLAY_FLOOR",
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_SOCKET_IFNAME",
+    "TENSORFOLD_API_KEY",
 ];
 
 /// Validates `config`, expanding `~` with `home` (the head's home directory).
@@ -152,7 +204,10 @@ const MANAGED_ENV: &[&str] = &[
 ///
 /// [`ConfigError::Invalid`] listing every refused field with its allowed range.
 pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedConfig, ConfigError> {
-    let mut c = Checker { problems: Vec::new(), warnings: Vec::new() };
+    let mut c = Checker {
+        problems: Vec::new(),
+        warnings: Vec::new(),
+    };
     let limits = EngineLimits::of(config.deployment.engine);
 
     c.name("deployment.name", &config.deployment.name, 40);
@@ -165,24 +220,45 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     c.repo("model.kit_repo", &config.model.kit_repo);
     c.revision("model.kit_revision", &config.model.kit_revision);
     if config.model.engram_files.is_empty() {
-        c.refuse("model.engram_files", "[]", "the original model's shards holding the Engram tables");
+        c.refuse(
+            "model.engram_files",
+            "[]",
+            "the original model's shards holding the Engram tables",
+        );
     }
     if config.model.ablit {
         c.repo("model.ablit_id", &config.model.ablit_id);
         c.revision("model.ablit_revision", &config.model.ablit_revision);
     }
     let sn = &config.model.served_name;
-    if sn.is_empty() || sn.len() > 128 || sn.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
-        c.refuse("model.served_name", format!("{sn:?}"), "1..=128 characters without whitespace");
+    if sn.is_empty() || sn.len() > 128 || sn.chars().any(|ch| ch.is_whitespace() || ch.is_control())
+    {
+        c.refuse(
+            "model.served_name",
+            format!("{sn:?}"),
+            "1..=128 characters without whitespace",
+        );
     }
 
     // [serving]
     let s = &config.serving;
-    c.range("serving.context", s.context, limits.min_pool, limits.max_pool, " (the engine's RoPE rows cap the pool; ENGINE-CONTRACT.md §7)");
+    c.range(
+        "serving.context",
+        s.context,
+        limits.min_pool,
+        limits.max_pool,
+        " (the engine's RoPE rows cap the pool; ENGINE-CONTRACT.md §7)",
+    );
     if s.context > limits.memory_warn_context && s.context <= limits.max_pool {
         c.warn("serving.context", format!("{} > {}: leaves about 5 GiB on the head at 1M; prefer ≤ {} unless the whole window is needed", s.context, limits.memory_warn_context, limits.memory_warn_context));
     }
-    c.range("serving.parallel", s.parallel, 1, limits.max_parallel, " (streams the TP=2 kit covers)");
+    c.range(
+        "serving.parallel",
+        s.parallel,
+        1,
+        limits.max_parallel,
+        " (streams the TP=2 kit covers)",
+    );
     c.range("serving.port", s.port, 1, u16::MAX, "");
     c.range("serving.max_tokens", s.max_tokens, 1, limits.max_pool, "");
     let extent = (s.max_tokens + 18).div_ceil(2048) * 2048;
@@ -192,31 +268,63 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     if !(0.0..=2.0).contains(&s.temperature) {
         c.refuse("serving.temperature", s.temperature, "0.0..=2.0");
     } else if s.temperature == 0.0 {
-        c.warn("serving.temperature", "greedy decoding makes long tool-using conversations loop; the served default is 1.0");
+        c.warn(
+            "serving.temperature",
+            "greedy decoding makes long tool-using conversations loop; the served default is 1.0",
+        );
     }
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
         c.refuse("serving.top_p", s.top_p, "(0.0, 1.0]");
     }
     if s.host.parse::<std::net::IpAddr>().is_err() {
-        c.refuse("serving.host", format!("{:?}", s.host), "an IP address to bind, e.g. 0.0.0.0");
+        c.refuse(
+            "serving.host",
+            format!("{:?}", s.host),
+            "an IP address to bind, e.g. 0.0.0.0",
+        );
     }
     if s.api_key_file.is_empty() {
-        c.refuse("serving.api_key_file", "\"\"", "a file path (relative paths are under deployment.state_dir)");
+        c.refuse(
+            "serving.api_key_file",
+            "\"\"",
+            "a file path (relative paths are under deployment.state_dir)",
+        );
     }
 
     // [engine]
-    c.range("engine.rendezvous_port", config.engine.rendezvous_port, 1, u16::MAX, "");
+    c.range(
+        "engine.rendezvous_port",
+        config.engine.rendezvous_port,
+        1,
+        u16::MAX,
+        "",
+    );
     if config.engine.rendezvous_port == s.port {
-        c.refuse("engine.rendezvous_port", config.engine.rendezvous_port, "a port different from serving.port");
+        c.refuse(
+            "engine.rendezvous_port",
+            config.engine.rendezvous_port,
+            "a port different from serving.port",
+        );
     }
     if config.engine.image.is_empty() {
         c.refuse("engine.image", "\"\"", "an image reference");
     }
     for (k, v) in &config.engine.switches {
         if !OPAQUE_SWITCHES.contains(&k.as_str()) {
-            c.refuse(format!("engine.switches.{k}"), format!("{v:?}"), format!("one of {}; other variables go in engine.env", OPAQUE_SWITCHES.join(", ")));
+            c.refuse(
+                format!("engine.switches.{k}"),
+                format!("{v:?}"),
+                format!(
+                    "one of {}; other variables go in engine.env",
+                    OPAQUE_SWITCHES.join(", ")
+                ),
+            );
         } else if v.is_empty() {
-            c.refuse(format!("engine.switches.{k}"), "\"\"", "a non-empty value (remove the key to leave it unset)");
+            c.refuse(
+                format!("engine.switches.{k}"),
+                "\"\"",
+                "a non-empty value (remove the key to leave it unset)",
+            );
         }
     }
     for (k, v) in &config.engine.env {
@@ -226,11 +334,22 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
         } else if MANAGED_ENV.contains(&k.as_str()) {
             c.refuse(field, k, "a variable spark-deploy does not set itself (this one comes from the config and preflight)");
         } else if v.is_empty() {
-            c.refuse(field, "\"\"", "a non-empty value (empty engine values are read as 0)");
+            c.refuse(
+                field,
+                "\"\"",
+                "a non-empty value (empty engine values are read as 0)",
+            );
         } else if k == "TF_DS_ROUND_ROWS" && v != "16" {
             c.refuse(field, v, "16 (the TP=2 kit recorded 16-row rounds only)");
-        } else if k == "TF_DS_STREAMS" && v.parse::<u32>().map_or(true, |n| n > limits.max_parallel || n < s.parallel) {
-            c.refuse(field, v, format!("serving.parallel..={} (the TP=2 kit)", limits.max_parallel));
+        } else if k == "TF_DS_STREAMS"
+            && v.parse::<u32>()
+                .map_or(true, |n| n > limits.max_parallel || n < s.parallel)
+        {
+            c.refuse(
+                field,
+                v,
+                format!("serving.parallel..={} (the TP=2 kit)", limits.max_parallel),
+            );
         } else if k == "TF_DS_WINDOW" || k == "TF_DS_2D_GU" {
             c.refuse(field, v, "nothing: TP=4 builds only");
         }
@@ -238,14 +357,30 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
 
     // [lifecycle]
     let l = &config.lifecycle;
-    c.range("lifecycle.min_avail_gib", l.min_avail_gib, 1, 128, " (a Spark has 128 GB)");
+    c.range(
+        "lifecycle.min_avail_gib",
+        l.min_avail_gib,
+        1,
+        128,
+        " (a Spark has 128 GB)",
+    );
     c.range("lifecycle.log_keep", l.log_keep, 0, 1000, "");
-    c.range("lifecycle.ready_timeout_s", l.ready_timeout_s, 1, 86_400, "");
+    c.range(
+        "lifecycle.ready_timeout_s",
+        l.ready_timeout_s,
+        1,
+        86_400,
+        "",
+    );
     c.range("lifecycle.stop_timeout_s", l.stop_timeout_s, 1, 3600, "");
 
     // [storage]
     if config.storage.nfs_volume.is_empty() {
-        c.refuse("storage.nfs_volume", "\"\"", "a Docker volume name (set deployment.worker_storage = \"copy\" for no NFS)");
+        c.refuse(
+            "storage.nfs_volume",
+            "\"\"",
+            "a Docker volume name (set deployment.worker_storage = \"copy\" for no NFS)",
+        );
     }
 
     // [[nodes]]
@@ -261,30 +396,65 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
             c.refuse(format!("{p}.name"), &node.name, "a name no other node uses");
         }
         if i == 0 && !node.is_local() {
-            c.refuse(format!("{p}.ssh"), &node.ssh, "\"local\": the first node is the head, where spark-deploy runs");
+            c.refuse(
+                format!("{p}.ssh"),
+                &node.ssh,
+                "\"local\": the first node is the head, where spark-deploy runs",
+            );
         }
         if i > 0 {
             let dest = node.ssh.rsplit('@').next().unwrap_or("");
             if node.is_local() || dest.is_empty() || node.ssh.contains(char::is_whitespace) {
-                c.refuse(format!("{p}.ssh"), format!("{:?}", node.ssh), "an ssh target `user@host` or `host` for a worker (set WORKER)");
+                c.refuse(
+                    format!("{p}.ssh"),
+                    format!("{:?}", node.ssh),
+                    "an ssh target `user@host` or `host` for a worker (set WORKER)",
+                );
             }
         }
-        if node.network_mode != "host" && node.network_mode.strip_prefix("container:").is_none_or(str::is_empty) {
-            c.refuse(format!("{p}.network_mode"), &node.network_mode, "\"host\" or \"container:<name>\"");
+        if node.network_mode != "host"
+            && node
+                .network_mode
+                .strip_prefix("container:")
+                .is_none_or(str::is_empty)
+        {
+            c.refuse(
+                format!("{p}.network_mode"),
+                &node.network_mode,
+                "\"host\" or \"container:<name>\"",
+            );
         }
         if let Some(addr) = node.fabric_addr
-            && (addr.is_unspecified() || addr.is_loopback() || addr.is_multicast() || addr.is_broadcast())
+            && (addr.is_unspecified()
+                || addr.is_loopback()
+                || addr.is_multicast()
+                || addr.is_broadcast())
         {
-            c.refuse(format!("{p}.fabric_addr"), addr, "the node's unicast IPv4 on the fabric link");
+            c.refuse(
+                format!("{p}.fabric_addr"),
+                addr,
+                "the node's unicast IPv4 on the fabric link",
+            );
         }
     }
     let fabric: Vec<_> = config.nodes.iter().filter_map(|n| n.fabric_addr).collect();
-    if fabric.len() != fabric.iter().collect::<std::collections::BTreeSet<_>>().len() {
-        c.refuse("nodes[].fabric_addr", "duplicate", "a different fabric address per node");
+    if fabric.len()
+        != fabric
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    {
+        c.refuse(
+            "nodes[].fabric_addr",
+            "duplicate",
+            "a different fabric address per node",
+        );
     }
 
     if !c.problems.is_empty() {
-        return Err(ConfigError::Invalid { problems: c.problems });
+        return Err(ConfigError::Invalid {
+            problems: c.problems,
+        });
     }
 
     // Expand `~` with the head's home: the same user on every Spark unless paths are set per node.
@@ -296,16 +466,26 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     config.serving.api_key_file = if Path::new(&api).is_absolute() {
         api
     } else {
-        PathBuf::from(&config.deployment.state_dir).join(api).display().to_string()
+        PathBuf::from(&config.deployment.state_dir)
+            .join(api)
+            .display()
+            .to_string()
     };
     let head_cache = config.hub.cache.clone();
     for node in &mut config.nodes {
         node.data_dir = expand_home(&node.data_dir, home);
-        node.hf_cache = if node.hf_cache.is_empty() { head_cache.clone() } else { expand_home(&node.hf_cache, home) };
+        node.hf_cache = if node.hf_cache.is_empty() {
+            head_cache.clone()
+        } else {
+            expand_home(&node.hf_cache, home)
+        };
         node.identity_file = expand_home(&node.identity_file, home);
         node.known_hosts = expand_home(&node.known_hosts, home);
     }
-    Ok(ValidatedConfig { config, warnings: c.warnings })
+    Ok(ValidatedConfig {
+        config,
+        warnings: c.warnings,
+    })
 }
 
 #[cfg(test)]
@@ -331,21 +511,52 @@ mod tests {
         let fields: Vec<_> = v.warnings().iter().map(|w| w.field.as_str()).collect();
         assert!(fields.contains(&"serving.context"), "{fields:?}");
         assert!(fields.contains(&"model.revision"), "{fields:?}");
-        assert_eq!(v.config().nodes[1].data_dir, "/home/spark/.cache/spark-deploy");
-        assert_eq!(v.config().serving.api_key_file, "/home/spark/.local/state/spark-deploy/api-key");
+        assert_eq!(
+            v.config().nodes[1].data_dir,
+            "/home/spark/.cache/spark-deploy"
+        );
+        assert_eq!(
+            v.config().serving.api_key_file,
+            "/home/spark/.local/state/spark-deploy/api-key"
+        );
     }
 
     #[test]
     fn engine_limits_are_refused_with_the_field() {
         assert_eq!(refused_field(|c| c.serving.context = 0), "serving.context");
-        assert_eq!(refused_field(|c| c.serving.context = 1_114_064), "serving.context");
-        assert_eq!(refused_field(|c| c.serving.parallel = 5), "serving.parallel");
+        assert_eq!(
+            refused_field(|c| c.serving.context = 1_114_064),
+            "serving.context"
+        );
+        assert_eq!(
+            refused_field(|c| c.serving.parallel = 5),
+            "serving.parallel"
+        );
         assert_eq!(refused_field(|c| c.nodes.truncate(1)), "nodes");
-        assert_eq!(refused_field(|c| { c.engine.env.insert("TF_DS_ROUND_ROWS".into(), "48".into()); }), "engine.env.TF_DS_ROUND_ROWS");
-        assert_eq!(refused_field(|c| { c.engine.env.insert("TF_TP_MASTER".into(), "1.2.3.4".into()); }), "engine.env.TF_TP_MASTER");
-        assert_eq!(refused_field(|c| c.nodes[0].ssh = "me@elsewhere".into()), "nodes[0].ssh");
-        assert_eq!(refused_field(|c| c.nodes[1].network_mode = "bridge".into()), "nodes[1].network_mode");
-        assert_eq!(refused_field(|c| c.serving.max_tokens = 40_000_000), "serving.max_tokens");
+        assert_eq!(
+            refused_field(|c| {
+                c.engine.env.insert("TF_DS_ROUND_ROWS".into(), "48".into());
+            }),
+            "engine.env.TF_DS_ROUND_ROWS"
+        );
+        assert_eq!(
+            refused_field(|c| {
+                c.engine.env.insert("TF_TP_MASTER".into(), "1.2.3.4".into());
+            }),
+            "engine.env.TF_TP_MASTER"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[0].ssh = "me@elsewhere".into()),
+            "nodes[0].ssh"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[1].network_mode = "bridge".into()),
+            "nodes[1].network_mode"
+        );
+        assert_eq!(
+            refused_field(|c| c.serving.max_tokens = 40_000_000),
+            "serving.max_tokens"
+        );
     }
 
     #[test]

@@ -30,13 +30,21 @@ impl Action {
     /// An action without details.
     #[must_use]
     pub fn new(node: &str, action: impl Into<String>) -> Self {
-        Self { node: node.to_owned(), action: action.into(), detail: None }
+        Self {
+            node: node.to_owned(),
+            action: action.into(),
+            detail: None,
+        }
     }
 
     /// An action with details.
     #[must_use]
     pub fn with(node: &str, action: impl Into<String>, detail: ActionDetail) -> Self {
-        Self { node: node.to_owned(), action: action.into(), detail: Some(detail) }
+        Self {
+            node: node.to_owned(),
+            action: action.into(),
+            detail: Some(detail),
+        }
     }
 }
 
@@ -178,13 +186,25 @@ pub struct PlanDescription {
 }
 
 fn secret_state(set: bool) -> String {
-    if set { REDACTED.to_owned() } else { "not set".to_owned() }
+    if set {
+        REDACTED.to_owned()
+    } else {
+        "not set".to_owned()
+    }
 }
 
 impl PlanDescription {
-    pub(crate) fn new(config: &ValidatedConfig, facts: &DeploymentFacts, steps: Vec<StepDescription>) -> Self {
+    pub(crate) fn new(
+        config: &ValidatedConfig,
+        facts: &DeploymentFacts,
+        steps: Vec<StepDescription>,
+    ) -> Self {
         let c = config.config();
-        let head_addr = if c.serving.host == "0.0.0.0" { "<head>".to_owned() } else { c.serving.host.clone() };
+        let head_addr = if c.serving.host == "0.0.0.0" {
+            "<head>".to_owned()
+        } else {
+            c.serving.host.clone()
+        };
         let deployment = DeploymentSummary {
             name: c.deployment.name.clone(),
             engine: "tensorfold-dsv41".into(),
@@ -201,7 +221,10 @@ impl PlanDescription {
             },
             secrets: BTreeMap::from([
                 ("hf_token".to_owned(), secret_state(c.hub.token.is_some())),
-                ("api_key".to_owned(), secret_state(c.serving.api_key.is_some())),
+                (
+                    "api_key".to_owned(),
+                    secret_state(c.serving.api_key.is_some()),
+                ),
             ]),
         };
         let nodes = c
@@ -217,7 +240,13 @@ impl PlanDescription {
                 layout: NodeLayout::of(config, n),
             })
             .collect();
-        Self { schema: PLAN_SCHEMA, deployment, warnings: config.warnings().to_vec(), nodes, steps }
+        Self {
+            schema: PLAN_SCHEMA,
+            deployment,
+            warnings: config.warnings().to_vec(),
+            nodes,
+            steps,
+        }
     }
 
     /// Pretty JSON.

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::ValidatedConfig;
 use crate::facts::DeploymentFacts;
 use crate::steps::{
-    BuildImage, BuildRankCache, ConfigureWorkerStorage, FetchCheckpoint, LaunchRank, Preflight, Smoke, Stop,
+    BuildImage, BuildRankCache, ConfigureWorkerStorage, FetchCheckpoint, LaunchRank, Preflight,
+    Smoke, Stop,
 };
 pub use describe::{Action, PlanDescription, StepDescription};
 
@@ -108,7 +109,11 @@ impl Step {
             Self::Smoke(s) => s.describe(),
             Self::Stop(s) => s.describe(),
         };
-        StepDescription { step: self.kind(), summary, actions }
+        StepDescription {
+            step: self.kind(),
+            summary,
+            actions,
+        }
     }
 }
 
@@ -139,20 +144,32 @@ impl Plan {
             Step::LaunchRank(LaunchRank::new(config, &facts)),
             Step::Smoke(Smoke::new(config)),
         ];
-        Self { config: config.clone(), facts, steps }
+        Self {
+            config: config.clone(),
+            facts,
+            steps,
+        }
     }
 
     /// The teardown plan: stop every rank, rank 0 first, saving logs.
     #[must_use]
     pub fn teardown(config: &ValidatedConfig) -> Self {
         let facts = DeploymentFacts::placeholders(config);
-        Self { config: config.clone(), facts, steps: vec![Step::Stop(Stop::new(config))] }
+        Self {
+            config: config.clone(),
+            facts,
+            steps: vec![Step::Stop(Stop::new(config))],
+        }
     }
 
     /// A custom plan of the given steps.
     #[must_use]
     pub fn from_steps(config: &ValidatedConfig, steps: Vec<Step>) -> Self {
-        Self { config: config.clone(), facts: DeploymentFacts::placeholders(config), steps }
+        Self {
+            config: config.clone(),
+            facts: DeploymentFacts::placeholders(config),
+            steps,
+        }
     }
 
     /// The steps in order.
@@ -170,6 +187,10 @@ impl Plan {
     /// The whole plan as data (what `spark-deploy plan --json` prints).
     #[must_use]
     pub fn describe(&self) -> PlanDescription {
-        PlanDescription::new(&self.config, &self.facts, self.steps.iter().map(Step::describe).collect())
+        PlanDescription::new(
+            &self.config,
+            &self.facts,
+            self.steps.iter().map(Step::describe).collect(),
+        )
     }
 }

@@ -7,7 +7,10 @@ use crate::container::ContainerSpec;
 
 /// Quotes an argument the way a shell would need it.
 fn shell_word(s: &str) -> String {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=,@+%".contains(&b)) {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:=,@+%".contains(&b))
+    {
         s.to_owned()
     } else {
         format!("'{}'", s.replace('\'', r"'\''"))
@@ -15,7 +18,11 @@ fn shell_word(s: &str) -> String {
 }
 
 fn container(out: &mut String, c: &ContainerSpec) {
-    let _ = writeln!(out, "      container {} (rank {}) image {}", c.name, c.rank, c.image);
+    let _ = writeln!(
+        out,
+        "      container {} (rank {}) image {}",
+        c.name, c.rank, c.image
+    );
     let _ = writeln!(
         out,
         "        network {}  ipc {}  gpus {}  devices [{}]  cap-add [{}]  oom-score-adj {}  restart {}",
@@ -27,11 +34,21 @@ fn container(out: &mut String, c: &ContainerSpec) {
         c.oom_score_adj,
         c.restart
     );
-    let ul: Vec<String> = c.ulimits.iter().map(|u| format!("{}={}:{}", u.name, u.soft, u.hard)).collect();
+    let ul: Vec<String> = c
+        .ulimits
+        .iter()
+        .map(|u| format!("{}={}:{}", u.name, u.soft, u.hard))
+        .collect();
     let _ = writeln!(out, "        ulimits {}", ul.join(" "));
     for m in &c.mounts {
         let kind = if m.volume { "volume " } else { "" };
-        let _ = writeln!(out, "        mount {kind}{} -> {}{}", m.source, m.target, if m.read_only { " (ro)" } else { "" });
+        let _ = writeln!(
+            out,
+            "        mount {kind}{} -> {}{}",
+            m.source,
+            m.target,
+            if m.read_only { " (ro)" } else { "" }
+        );
     }
     for (k, v) in &c.env {
         let _ = writeln!(out, "        env {k}={}", shell_word(v));
@@ -48,8 +65,16 @@ pub fn render_text(plan: &PlanDescription) -> String {
     let d = &plan.deployment;
     let mut out = String::new();
     let _ = writeln!(out, "deployment {} ({})", d.name, d.engine);
-    let _ = writeln!(out, "  model {} @ {} (commit {})", d.model, d.revision, d.model_commit);
-    let _ = writeln!(out, "  serves {} at {}  context {}  parallel {}  worker storage {}", d.served_name, d.api, d.context, d.parallel, d.worker_storage);
+    let _ = writeln!(
+        out,
+        "  model {} @ {} (commit {})",
+        d.model, d.revision, d.model_commit
+    );
+    let _ = writeln!(
+        out,
+        "  serves {} at {}  context {}  parallel {}  worker storage {}",
+        d.served_name, d.api, d.context, d.parallel, d.worker_storage
+    );
     let secrets: Vec<String> = d.secrets.iter().map(|(k, v)| format!("{k} {v}")).collect();
     let _ = writeln!(out, "  secrets: {}", secrets.join(", "));
     for w in &plan.warnings {
@@ -57,7 +82,11 @@ pub fn render_text(plan: &PlanDescription) -> String {
     }
     let _ = writeln!(out, "nodes");
     for n in &plan.nodes {
-        let _ = writeln!(out, "  {} rank {}  ssh {}  fabric {}  network {}", n.name, n.rank, n.ssh, n.fabric_addr, n.network_mode);
+        let _ = writeln!(
+            out,
+            "  {} rank {}  ssh {}  fabric {}  network {}",
+            n.name, n.rank, n.ssh, n.fabric_addr, n.network_mode
+        );
     }
     for (i, s) in plan.steps.iter().enumerate() {
         let _ = writeln!(out, "{}. {}: {}", i + 1, s.step.title(), s.summary);
@@ -70,8 +99,18 @@ pub fn render_text(plan: &PlanDescription) -> String {
                         let _ = writeln!(out, "      - {c}");
                     }
                 }
-                Some(ActionDetail::Fetch { repo, revision, files, cache, gated }) => {
-                    let g = if *gated { " (gated: needs HF_TOKEN)" } else { "" };
+                Some(ActionDetail::Fetch {
+                    repo,
+                    revision,
+                    files,
+                    cache,
+                    gated,
+                }) => {
+                    let g = if *gated {
+                        " (gated: needs HF_TOKEN)"
+                    } else {
+                        ""
+                    };
                     let _ = writeln!(out, "      {repo}@{revision} -> {cache}{g}");
                     for f in files {
                         let _ = writeln!(out, "      - {f}");
@@ -82,7 +121,11 @@ pub fn render_text(plan: &PlanDescription) -> String {
                         let _ = writeln!(out, "      -> {f}");
                     }
                 }
-                Some(ActionDetail::Volume { name, driver, options }) => {
+                Some(ActionDetail::Volume {
+                    name,
+                    driver,
+                    options,
+                }) => {
                     let _ = writeln!(out, "      volume {name} driver {driver}");
                     for (k, v) in options {
                         let _ = writeln!(out, "        {k}={v}");
@@ -95,7 +138,11 @@ pub fn render_text(plan: &PlanDescription) -> String {
                     }
                 }
                 Some(ActionDetail::Container(c)) => container(&mut out, c),
-                Some(ActionDetail::Http { method, url, expect }) => {
+                Some(ActionDetail::Http {
+                    method,
+                    url,
+                    expect,
+                }) => {
                     let _ = writeln!(out, "      {method} {url}: {expect}");
                 }
             }

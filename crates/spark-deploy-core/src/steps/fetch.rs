@@ -58,11 +58,17 @@ impl FetchCheckpoint {
                 role: "Engram tables and image routing bias (original model)".into(),
                 repo: m.engram_repo.clone(),
                 revision: m.engram_revision.clone(),
-                files: ["config.json".to_owned(), "model.safetensors.index.json".to_owned()]
-                    .into_iter()
-                    .chain(m.engram_files.iter().cloned())
-                    .chain(["*.ffn.gate.bias_vl tensors: byte ranges only, read through the shard headers".to_owned()])
-                    .collect(),
+                files: [
+                    "config.json".to_owned(),
+                    "model.safetensors.index.json".to_owned(),
+                ]
+                .into_iter()
+                .chain(m.engram_files.iter().cloned())
+                .chain([
+                    "*.ffn.gate.bias_vl tensors: byte ranges only, read through the shard headers"
+                        .to_owned(),
+                ])
+                .collect(),
                 cache: c.hub.cache.clone(),
                 gated: false,
             },
@@ -85,7 +91,10 @@ impl FetchCheckpoint {
                 gated: true,
             });
         }
-        Self { node: c.nodes[0].name.clone(), repos }
+        Self {
+            node: c.nodes[0].name.clone(),
+            repos,
+        }
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
@@ -106,6 +115,9 @@ impl FetchCheckpoint {
                 )
             })
             .collect();
-        ("download pinned, resumable and verified into the standard HF cache".to_owned(), actions)
+        (
+            "download pinned, resumable and verified into the standard HF cache".to_owned(),
+            actions,
+        )
     }
 }

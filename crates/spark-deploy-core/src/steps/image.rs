@@ -23,7 +23,11 @@ impl BuildImage {
         Self {
             image: c.engine.image.clone(),
             commit: c.engine.commit.clone(),
-            nodes: c.nodes.iter().map(|n| (n.name.clone(), NodeLayout::of(config, n).engine_dir)).collect(),
+            nodes: c
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), NodeLayout::of(config, n).engine_dir))
+                .collect(),
         }
     }
 
@@ -41,6 +45,9 @@ impl BuildImage {
                 Action::with(node, how, ActionDetail::Outputs { files: vec![format!("{dir}/tensorfold-native"), format!("{dir}/tf-dsv41-lanes")] })
             })
             .collect();
-        ("the same image and engine binaries on every node".to_owned(), actions)
+        (
+            "the same image and engine binaries on every node".to_owned(),
+            actions,
+        )
     }
 }

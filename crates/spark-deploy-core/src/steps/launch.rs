@@ -18,15 +18,26 @@ impl LaunchRank {
     /// The launch of `config` with `facts`.
     #[must_use]
     pub fn new(config: &ValidatedConfig, facts: &DeploymentFacts) -> Self {
-        Self { containers: rank_specs(config, facts) }
+        Self {
+            containers: rank_specs(config, facts),
+        }
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
         let actions = self
             .containers
             .iter()
-            .map(|c| Action::with(&c.node, format!("start rank {} ({})", c.rank, c.name), ActionDetail::Container(Box::new(c.clone()))))
+            .map(|c| {
+                Action::with(
+                    &c.node,
+                    format!("start rank {} ({})", c.rank, c.name),
+                    ActionDetail::Container(Box::new(c.clone())),
+                )
+            })
             .collect();
-        ("start the ranks, rank 1 before rank 0, both or neither".to_owned(), actions)
+        (
+            "start the ranks, rank 1 before rank 0, both or neither".to_owned(),
+            actions,
+        )
     }
 }

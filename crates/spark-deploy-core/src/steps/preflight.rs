@@ -50,6 +50,9 @@ impl Preflight {
                 Action::with(node, "collect facts and decide", ActionDetail::Checks { checks })
             })
             .collect();
-        ("check every node before anything changes".to_owned(), actions)
+        (
+            "check every node before anything changes".to_owned(),
+            actions,
+        )
     }
 }

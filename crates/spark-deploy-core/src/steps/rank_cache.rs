@@ -50,7 +50,12 @@ impl BuildRankCache {
                 file: format!("rank{r}of{world}-<first 20 hex of sha256 of its index, computed from the checkpoint headers>.bin"),
             })
             .collect();
-        Self { node: c.nodes[0].name.clone(), inputs_dir: head.inputs_dir, kit_dir: head.kit_dir, ranks }
+        Self {
+            node: c.nodes[0].name.clone(),
+            inputs_dir: head.inputs_dir,
+            kit_dir: head.kit_dir,
+            ranks,
+        }
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
@@ -60,26 +65,43 @@ impl BuildRankCache {
             .map(|r| {
                 Action::with(
                     &self.node,
-                    format!("rank {} weight file for {} (skipped when verify passes)", r.rank, r.node),
-                    ActionDetail::Outputs { files: vec![format!("{}/{}", r.dir, r.file)] },
+                    format!(
+                        "rank {} weight file for {} (skipped when verify passes)",
+                        r.rank, r.node
+                    ),
+                    ActionDetail::Outputs {
+                        files: vec![format!("{}/{}", r.dir, r.file)],
+                    },
                 )
             })
             .collect();
         actions.push(Action::with(
             &self.node,
             "token map from tokenizer.json (distinct ids = engram_compressed_vocab_size)",
-            ActionDetail::Outputs { files: vec![format!("{}/{TOKEN_MAP_FILE}", self.inputs_dir)] },
+            ActionDetail::Outputs {
+                files: vec![format!("{}/{TOKEN_MAP_FILE}", self.inputs_dir)],
+            },
         ));
         actions.push(Action::with(
             &self.node,
             "RoPE tables and image routing bias, then the kit against its MANIFEST",
             ActionDetail::Outputs {
-                files: ["rope-plain-cos.f32", "rope-plain-sin.f32", "rope-compressed-cos.f32", "rope-compressed-sin.f32", "vision/gate_bias_vl.safetensors", "MANIFEST (sha256 of every entry)"]
-                    .iter()
-                    .map(|f| format!("{}/{f}", self.kit_dir))
-                    .collect(),
+                files: [
+                    "rope-plain-cos.f32",
+                    "rope-plain-sin.f32",
+                    "rope-compressed-cos.f32",
+                    "rope-compressed-sin.f32",
+                    "vision/gate_bias_vl.safetensors",
+                    "MANIFEST (sha256 of every entry)",
+                ]
+                .iter()
+                .map(|f| format!("{}/{f}", self.kit_dir))
+                .collect(),
             },
         ));
-        ("build and verify every rank's inputs on the head".to_owned(), actions)
+        (
+            "build and verify every rank's inputs on the head".to_owned(),
+            actions,
+        )
     }
 }

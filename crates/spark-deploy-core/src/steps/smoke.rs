@@ -22,7 +22,11 @@ impl Smoke {
     #[must_use]
     pub fn new(config: &ValidatedConfig) -> Self {
         let c = config.config();
-        let host = if c.serving.host == "0.0.0.0" { "127.0.0.1" } else { c.serving.host.as_str() };
+        let host = if c.serving.host == "0.0.0.0" {
+            "127.0.0.1"
+        } else {
+            c.serving.host.as_str()
+        };
         Self {
             node: c.nodes[0].name.clone(),
             base_url: format!("http://{host}:{}", c.serving.port),
@@ -35,8 +39,15 @@ impl Smoke {
         let actions = vec![
             Action::with(
                 &self.node,
-                format!("wait up to {} s for readiness, stop both ranks if either exits", self.timeout_s),
-                ActionDetail::Http { method: "GET".into(), url: format!("{}/v1/models", self.base_url), expect: format!("200 listing {}", self.served_name) },
+                format!(
+                    "wait up to {} s for readiness, stop both ranks if either exits",
+                    self.timeout_s
+                ),
+                ActionDetail::Http {
+                    method: "GET".into(),
+                    url: format!("{}/v1/models", self.base_url),
+                    expect: format!("200 listing {}", self.served_name),
+                },
             ),
             Action::with(
                 &self.node,
@@ -48,6 +59,9 @@ impl Smoke {
                 },
             ),
         ];
-        ("prove the pair serves: readiness, then one real generation".to_owned(), actions)
+        (
+            "prove the pair serves: readiness, then one real generation".to_owned(),
+            actions,
+        )
     }
 }

@@ -26,9 +26,19 @@ impl Stop {
             .nodes
             .iter()
             .enumerate()
-            .map(|(r, n)| (n.name.clone(), container_name(&c.deployment.name, u32::try_from(r).unwrap_or(u32::MAX)), NodeLayout::of(config, n).log_dir))
+            .map(|(r, n)| {
+                (
+                    n.name.clone(),
+                    container_name(&c.deployment.name, u32::try_from(r).unwrap_or(u32::MAX)),
+                    NodeLayout::of(config, n).log_dir,
+                )
+            })
             .collect();
-        Self { ranks, grace_s: c.lifecycle.stop_timeout_s, log_keep: c.lifecycle.log_keep }
+        Self {
+            ranks,
+            grace_s: c.lifecycle.stop_timeout_s,
+            log_keep: c.lifecycle.log_keep,
+        }
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
@@ -38,11 +48,22 @@ impl Stop {
             .map(|(node, name, logs)| {
                 Action::with(
                     node,
-                    format!("stop {name} (grace {} s), save its log, remove it", self.grace_s),
-                    ActionDetail::Outputs { files: vec![format!("{logs}/<YYYYmmdd-HHMMSS>-{name}.log.gz (newest {} kept)", self.log_keep)] },
+                    format!(
+                        "stop {name} (grace {} s), save its log, remove it",
+                        self.grace_s
+                    ),
+                    ActionDetail::Outputs {
+                        files: vec![format!(
+                            "{logs}/<YYYYmmdd-HHMMSS>-{name}.log.gz (newest {} kept)",
+                            self.log_keep
+                        )],
+                    },
                 )
             })
             .collect();
-        ("stop every rank, rank 0 first, logs saved".to_owned(), actions)
+        (
+            "stop every rank, rank 0 first, logs saved".to_owned(),
+            actions,
+        )
     }
 }

@@ -91,7 +91,10 @@ impl ConfigureWorkerStorage {
                 }
             })
             .collect();
-        Self { mode: c.deployment.worker_storage, workers }
+        Self {
+            mode: c.deployment.worker_storage,
+            workers,
+        }
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
@@ -114,6 +117,9 @@ impl ConfigureWorkerStorage {
             WorkerStorage::Nfs => "nfs",
             WorkerStorage::Copy => "copy",
         };
-        (format!("give every worker exactly the bytes its rank needs ({mode} mode)"), actions)
+        (
+            format!("give every worker exactly the bytes its rank needs ({mode} mode)"),
+            actions,
+        )
     }
 }

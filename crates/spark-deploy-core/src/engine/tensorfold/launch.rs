@@ -55,7 +55,12 @@ impl Shared {
         if c.engine.replay_floor {
             common_env.insert("TF_DS_REPLAY_FLOOR".to_owned(), "1".to_owned());
         }
-        common_env.extend(c.engine.switches.iter().map(|(k, v)| (k.clone(), v.clone())));
+        common_env.extend(
+            c.engine
+                .switches
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
         common_env.extend(c.engine.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         Self {
             model_dir: NodeLayout::snapshot_under(paths::HF, &c.model.id, &facts.model_commit),
@@ -81,19 +86,50 @@ fn fabric_env(f: &NodeFacts, env: &mut BTreeMap<String, String>) {
     }
 }
 
-fn base_spec(config: &ValidatedConfig, rank: u32, facts: &NodeFacts, argv: Vec<String>, env: BTreeMap<String, String>) -> ContainerSpec {
+fn base_spec(
+    config: &ValidatedConfig,
+    rank: u32,
+    facts: &NodeFacts,
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+) -> ContainerSpec {
     let c = config.config();
     let node = &c.nodes[rank as usize];
     let layout = NodeLayout::of(config, node);
     let mut mounts = vec![
-        Mount { source: layout.engine_dir, target: paths::ENGINE.into(), read_only: true, volume: false },
-        Mount { source: layout.kit_dir, target: paths::KIT.into(), read_only: true, volume: false },
+        Mount {
+            source: layout.engine_dir,
+            target: paths::ENGINE.into(),
+            read_only: true,
+            volume: false,
+        },
+        Mount {
+            source: layout.kit_dir,
+            target: paths::KIT.into(),
+            read_only: true,
+            volume: false,
+        },
         hf_mount(config, rank, &layout.hf_cache),
-        Mount { source: layout.engram_dir, target: paths::ENGRAM.into(), read_only: true, volume: false },
-        Mount { source: layout.inputs_dir, target: paths::CACHE.into(), read_only: true, volume: false },
+        Mount {
+            source: layout.engram_dir,
+            target: paths::ENGRAM.into(),
+            read_only: true,
+            volume: false,
+        },
+        Mount {
+            source: layout.inputs_dir,
+            target: paths::CACHE.into(),
+            read_only: true,
+            volume: false,
+        },
     ];
     if rank == 0 {
-        mounts.push(Mount { source: c.serving.api_key_file.clone(), target: paths::API_KEY.into(), read_only: true, volume: false });
+        mounts.push(Mount {
+            source: c.serving.api_key_file.clone(),
+            target: paths::API_KEY.into(),
+            read_only: true,
+            volume: false,
+        });
     }
     let name = container_name(&c.deployment.name, rank);
     ContainerSpec {
@@ -106,16 +142,31 @@ fn base_spec(config: &ValidatedConfig, rank: u32, facts: &NodeFacts, argv: Vec<S
         mounts,
         network_mode: node.network_mode.clone(),
         ipc_mode: "host".into(),
-        gpus: if facts.gpu { "all".into() } else { "none".into() },
+        gpus: if facts.gpu {
+            "all".into()
+        } else {
+            "none".into()
+        },
         devices: facts.infiniband_device.iter().cloned().collect(),
         ulimits: vec![
-            Ulimit { name: "memlock".into(), soft: -1, hard: -1 },
-            Ulimit { name: "stack".into(), soft: 67_108_864, hard: 67_108_864 },
+            Ulimit {
+                name: "memlock".into(),
+                soft: -1,
+                hard: -1,
+            },
+            Ulimit {
+                name: "stack".into(),
+                soft: 67_108_864,
+                hard: 67_108_864,
+            },
         ],
         cap_add: vec!["IPC_LOCK".into()],
         oom_score_adj: 1000,
         restart: "no".into(),
-        log_opts: BTreeMap::from([("max-size".into(), "200m".into()), ("max-file".into(), "3".into())]),
+        log_opts: BTreeMap::from([
+            ("max-size".into(), "200m".into()),
+            ("max-file".into(), "3".into()),
+        ]),
         labels: BTreeMap::from([
             (labels::DEPLOYMENT.into(), c.deployment.name.clone()),
             (labels::RANK.into(), rank.to_string()),
@@ -128,9 +179,19 @@ fn base_spec(config: &ValidatedConfig, rank: u32, facts: &NodeFacts, argv: Vec<S
 fn hf_mount(config: &ValidatedConfig, rank: u32, hf_cache: &str) -> Mount {
     let c = config.config();
     if rank > 0 && c.deployment.worker_storage == crate::config::WorkerStorage::Nfs {
-        Mount { source: c.storage.nfs_volume.clone(), target: paths::HF.into(), read_only: true, volume: true }
+        Mount {
+            source: c.storage.nfs_volume.clone(),
+            target: paths::HF.into(),
+            read_only: true,
+            volume: true,
+        }
     } else {
-        Mount { source: hf_cache.to_owned(), target: paths::HF.into(), read_only: true, volume: false }
+        Mount {
+            source: hf_cache.to_owned(),
+            target: paths::HF.into(),
+            read_only: true,
+            volume: false,
+        }
     }
 }
 
@@ -166,7 +227,9 @@ fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> 
         env.insert("TF_RDMA_DEVICES".to_owned(), devs.clone());
     }
     fabric_env(f, &mut env);
-    let mut argv: Vec<String> = [SERVER_BIN, "serve", &shared.model_dir].map(str::to_owned).to_vec();
+    let mut argv: Vec<String> = [SERVER_BIN, "serve", &shared.model_dir]
+        .map(str::to_owned)
+        .to_vec();
     let pairs = [
         ("--host", s.host.clone()),
         ("--port", s.port.to_string()),
@@ -179,7 +242,14 @@ fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> 
         argv.push(k.to_owned());
         argv.push(v);
     }
-    argv.push(if s.thinking { "--thinking" } else { "--no-thinking" }.to_owned());
+    argv.push(
+        if s.thinking {
+            "--thinking"
+        } else {
+            "--no-thinking"
+        }
+        .to_owned(),
+    );
     if !s.drafts {
         argv.push("--no-drafts".to_owned());
     }
@@ -197,7 +267,12 @@ fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> 
 }
 
 /// Rank r ≥ 1: `tf-dsv41-lanes MODEL CACHE RANK WORLD MASTER PORT KIT --key value ...` (§2.7, §2.9).
-fn follower(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared, rank: u32) -> ContainerSpec {
+fn follower(
+    config: &ValidatedConfig,
+    facts: &DeploymentFacts,
+    shared: &Shared,
+    rank: u32,
+) -> ContainerSpec {
     let c = config.config();
     let f = &facts.nodes[rank as usize];
     let mut env = shared.common_env.clone();
@@ -239,7 +314,10 @@ fn follower(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared, 
 pub fn rank_specs(config: &ValidatedConfig, facts: &DeploymentFacts) -> Vec<ContainerSpec> {
     let shared = Shared::new(config, facts);
     let world = u32::try_from(config.config().nodes.len()).unwrap_or(u32::MAX);
-    let mut specs: Vec<_> = (1..world).rev().map(|r| follower(config, facts, &shared, r)).collect();
+    let mut specs: Vec<_> = (1..world)
+        .rev()
+        .map(|r| follower(config, facts, &shared, r))
+        .collect();
     specs.push(rank0(config, facts, &shared));
     specs
 }

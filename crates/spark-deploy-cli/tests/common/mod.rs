@@ -7,7 +7,11 @@ use std::process::{Command, Output};
 /// Runs the binary in `cwd` with only HOME, PATH and `env` set.
 pub fn run(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_spark-deploy"));
-    cmd.current_dir(cwd).env_clear().env("HOME", "/home/spark").env("PATH", "/usr/bin:/bin").args(args);
+    cmd.current_dir(cwd)
+        .env_clear()
+        .env("HOME", "/home/spark")
+        .env("PATH", "/usr/bin:/bin")
+        .args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
