@@ -18,6 +18,7 @@ pub mod facts;
 pub mod hub;
 pub mod layout;
 pub mod plan;
+pub mod preflight;
 pub mod ports;
 pub mod secret;
 pub mod steps;

@@ -1,0 +1,10 @@
+//! Preflight facts and decisions: parsers of real host outputs (`nvidia-smi`, `/proc/meminfo`,
+//! `ip route`, sysfs) and the rules that turn them into verdicts. Collection goes through the Exec
+//! port; everything here is pure so it is tested on real captured outputs.
+
+pub mod budget;
+pub mod clocks;
+pub mod meminfo;
+pub mod roce;
+pub mod report;
+pub mod smi;
