@@ -1,0 +1,189 @@
+//! The cross-rank fingerprint (ENGINE-CONTRACT.md §2.8, §12.6): the engine never checks that both
+//! ranks agree, so spark-deploy extracts every setting that must match from each rank's container
+//! spec and input identities, compares them field by field, and refuses to launch on any difference.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::container::ContainerSpec;
+
+/// Identities of the files a rank reads, measured on its node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct InputIdentity {
+    /// sha256 of the kit's `MANIFEST`.
+    pub kit_manifest_sha256: String,
+    /// sha256 of the token map.
+    pub token_map_sha256: String,
+    /// The rank weight file's name (its hash names the index family).
+    pub rank_file: String,
+    /// The Engram tables: `(file name, size)` pairs.
+    pub engram_files: Vec<(String, u64)>,
+    /// The image's content id on the node.
+    pub image_id: String,
+}
+
+/// The settings of one rank that must equal every other rank's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RankSettings {
+    /// Values by name, normalised across the two command-line shapes.
+    pub values: BTreeMap<String, String>,
+}
+
+fn flag(argv: &[String], key: &str) -> Option<String> {
+    argv.iter().position(|a| a == key).and_then(|i| argv.get(i + 1)).cloned()
+}
+
+/// The rank-1 file name's index family: `rank1of2-<hash>.bin` → `of2`.
+fn world_of(name: &str) -> String {
+    name.split_once("of").and_then(|(_, r)| r.split('-').next()).unwrap_or("").to_owned()
+}
+
+impl RankSettings {
+    /// Extracts the comparable settings of `spec` (rank 0 or a follower) and its inputs.
+    #[must_use]
+    pub fn of(spec: &ContainerSpec, inputs: &InputIdentity) -> Self {
+        let a = &spec.argv;
+        let e = &spec.env;
+        let mut v = BTreeMap::new();
+        let mut put = |k: &str, val: Option<String>| {
+            v.insert(k.to_owned(), val.unwrap_or_else(|| "<absent>".to_owned()));
+        };
+        if spec.rank == 0 {
+            put("model_dir", a.get(2).cloned());
+            put("rank_cache_dir", e.get("TF_DS_RANK_CACHE").cloned());
+            put("kit_dir", e.get("TF_DS_KIT").cloned());
+            put("engram_dir", e.get("TF_DS_ENGRAM").cloned());
+            put("token_map", e.get("TF_DS_TOKEN_MAP").cloned());
+            put("pool", flag(a, "--context"));
+            put("drafts", Some(if a.iter().any(|x| x == "--no-drafts") { "0" } else { "1" }.to_owned()));
+            put("rdma_device_count", Some(e.get("TF_RDMA_DEVICES").map_or(0, |d| d.split(',').count()).to_string()));
+            put("rdma_kernels", e.get("TF_DS_RDMA_KERNELS").cloned());
+            put("graphs", e.get("TF_DS_GRAPHS").cloned());
+            put("hc_side", e.get("TF_DS_HC_SIDE").cloned());
+            put("l2_prefetch", e.get("TF_DS_L2_PREFETCH").cloned());
+            put("engram_aio", e.get("TF_DS_ENGRAM_AIO").cloned());
+            put("master", e.get("TF_TP_MASTER").cloned());
+            put("port", e.get("TF_TP_PORT").cloned());
+            put("world", e.get("TF_TP_WORLD").cloned());
+        } else {
+            put("model_dir", a.get(1).cloned());
+            put("rank_cache_dir", a.get(2).cloned());
+            put("world", a.get(4).cloned());
+            put("master", a.get(5).cloned());
+            put("port", a.get(6).cloned());
+            put("kit_dir", a.get(7).cloned());
+            put("engram_dir", flag(a, "--engram"));
+            put("token_map", flag(a, "--token-map"));
+            put("pool", flag(a, "--pool"));
+            put("drafts", Some(flag(a, "--drafts").unwrap_or_else(|| "1".to_owned())));
+            put("rdma_device_count", Some(flag(a, "--rdma").map_or(0, |d| d.split(',').count()).to_string()));
+            put("rdma_kernels", flag(a, "--rdma-kernels"));
+            put("graphs", flag(a, "--graphs").or_else(|| Some("0".into())));
+            put("hc_side", flag(a, "--side").or_else(|| Some("0".into())));
+            put("l2_prefetch", flag(a, "--prefetch").or_else(|| Some("0".into())));
+            put("engram_aio", flag(a, "--aio").or_else(|| Some("0".into())));
+        }
+        // Environment both ranks read identically: replay floor, round/stream knobs, opaque switches.
+        for (k, val) in e {
+            let per_node = matches!(k.as_str(), "NCCL_SOCKET_IFNAME" | "NCCL_IB_HCA" | "NCCL_IB_GID_INDEX" | "TF_RDMA_GID_INDEX" | "TF_RDMA_DEVICES");
+            let rank0_input = k.starts_with("TF_TP_")
+                || matches!(k.as_str(), "TF_DS_RANK_CACHE" | "TF_DS_KIT" | "TENSORFOLD_CUDA_KERNELS" | "TF_DS_ENGRAM" | "TF_DS_TOKEN_MAP" | "TF_DS_GRAPHS" | "TF_DS_HC_SIDE" | "TF_DS_L2_PREFETCH" | "TF_DS_ENGRAM_AIO" | "TF_DS_RDMA_KERNELS");
+            if !per_node && !rank0_input {
+                v.insert(format!("env.{k}"), val.clone());
+            }
+        }
+        v.insert("image".into(), spec.image.clone());
+        v.insert("image_id".into(), inputs.image_id.clone());
+        v.insert("kit_manifest_sha256".into(), inputs.kit_manifest_sha256.clone());
+        v.insert("token_map_sha256".into(), inputs.token_map_sha256.clone());
+        v.insert("rank_file_world".into(), world_of(&inputs.rank_file));
+        v.insert("engram_files".into(), inputs.engram_files.iter().map(|(n, s)| format!("{n}:{s}")).collect::<Vec<_>>().join(","));
+        Self { values: v }
+    }
+
+    /// sha256 (hex) of the canonical JSON of the settings.
+    #[must_use]
+    pub fn fingerprint(&self) -> String {
+        let json = serde_json::to_string(&self.values).unwrap_or_default();
+        hex::encode(Sha256::digest(json.as_bytes()))
+    }
+}
+
+/// A setting on which two ranks disagree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mismatch {
+    /// Setting name.
+    pub setting: String,
+    /// Rank 0's value.
+    pub rank0: String,
+    /// The other rank's value.
+    pub other: String,
+    /// The other rank.
+    pub rank: u32,
+}
+
+/// Compares every rank against rank 0; returns the common fingerprint or every mismatch.
+///
+/// # Errors
+///
+/// The list of mismatching settings (never empty).
+pub fn compare(ranks: &[(u32, RankSettings)]) -> Result<String, Vec<Mismatch>> {
+    let Some((_, first)) = ranks.iter().find(|(r, _)| *r == 0) else {
+        return Err(vec![Mismatch { setting: "rank 0".into(), rank0: "<absent>".into(), other: String::new(), rank: 0 }]);
+    };
+    let mut out = Vec::new();
+    for (rank, s) in ranks.iter().filter(|(r, _)| *r != 0) {
+        let keys: std::collections::BTreeSet<&String> = first.values.keys().chain(s.values.keys()).collect();
+        for k in keys {
+            let (a, b) = (first.values.get(k), s.values.get(k));
+            if a != b {
+                let show = |x: Option<&String>| x.cloned().unwrap_or_else(|| "<absent>".into());
+                out.push(Mismatch { setting: k.clone(), rank0: show(a), other: show(b), rank: *rank });
+            }
+        }
+    }
+    if out.is_empty() { Ok(first.fingerprint()) } else { Err(out) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DeploymentConfig, validate};
+    use crate::engine::tensorfold::launch::rank_specs;
+    use crate::facts::DeploymentFacts;
+
+    fn specs(f: impl FnOnce(&mut DeploymentConfig)) -> Vec<ContainerSpec> {
+        let mut c = DeploymentConfig::default();
+        c.engine.switches.insert("TF_DS_IDX_SPLIT".into(), "2".into());
+        f(&mut c);
+        let v = validate(c, std::path::Path::new("/home/x")).unwrap();
+        rank_specs(&v, &DeploymentFacts::placeholders(&v))
+    }
+
+    fn id(token_map: &str) -> InputIdentity {
+        InputIdentity { kit_manifest_sha256: "k".into(), token_map_sha256: token_map.into(), rank_file: "rankXof2-abc.bin".into(), engram_files: vec![("a".into(), 1)], image_id: "sha256:1".into() }
+    }
+
+    #[test]
+    fn the_planned_pair_matches() {
+        let s = specs(|_| {});
+        let ranks: Vec<_> = s.iter().map(|c| (c.rank, RankSettings::of(c, &id("t")))).collect();
+        let fp = compare(&ranks).unwrap();
+        assert_eq!(fp.len(), 64);
+    }
+
+    #[test]
+    fn any_difference_is_named() {
+        let mut s = specs(|_| {});
+        // rank 1 with a different pool, a missing switch and a different token map.
+        let pool = s[0].argv.iter().position(|a| a == "--pool").unwrap();
+        s[0].argv[pool + 1] = "4096".into();
+        s[0].env.remove("TF_DS_IDX_SPLIT");
+        let ranks = vec![(1, RankSettings::of(&s[0], &id("other"))), (0, RankSettings::of(&s[1], &id("t")))];
+        let m = compare(&ranks).unwrap_err();
+        let names: Vec<&str> = m.iter().map(|m| m.setting.as_str()).collect();
+        assert_eq!(names, ["env.TF_DS_IDX_SPLIT", "pool", "token_map_sha256"]);
+    }
+}
