@@ -17,6 +17,7 @@ pub mod event;
 pub mod facts;
 pub mod hub;
 pub mod layout;
+pub mod lifecycle;
 pub mod plan;
 pub mod preflight;
 pub mod ports;

@@ -1,0 +1,5 @@
+//! Lifecycle helpers shared by `up`, `down`, `restart` and `status`: saved-log names and rotation,
+//! the API key file.
+
+pub mod api_key;
+pub mod logs;
