@@ -310,10 +310,10 @@ impl Exec {
                     let (fed, out) = tokio::join!(feed, child.wait_with_output());
                     let out = out.map_err(|e| spawn_err(e.into()))?;
                     // A command may legitimately exit without reading stdin (EPIPE).
-                    if let Err(e) = fed {
-                        if e.kind() != io::ErrorKind::BrokenPipe {
-                            return Err(spawn_err(e.into()));
-                        }
+                    if let Err(e) = fed
+                        && e.kind() != io::ErrorKind::BrokenPipe
+                    {
+                        return Err(spawn_err(e.into()));
                     }
                     Ok(out)
                 } else {
@@ -343,10 +343,10 @@ impl Exec {
                         };
                         let (fed, out) = tokio::join!(feed, child.wait_with_output());
                         let out = out.map_err(|e| spawn_err(e.into()))?;
-                        if let Err(e) = fed {
-                            if e.kind() != io::ErrorKind::BrokenPipe {
-                                return Err(spawn_err(e.into()));
-                            }
+                        if let Err(e) = fed
+                            && e.kind() != io::ErrorKind::BrokenPipe
+                        {
+                            return Err(spawn_err(e.into()));
                         }
                         Ok(out)
                     }
