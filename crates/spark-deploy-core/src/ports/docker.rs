@@ -100,7 +100,7 @@ pub enum DockerError {
         via: Via,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// The SSH session for the tunnel could not be opened.
     #[error("{node}: cannot open the SSH session that carries Docker")]
@@ -109,7 +109,7 @@ pub enum DockerError {
         node: String,
         /// Underlying error.
         #[source]
-        source: SshError,
+        source: Box<SshError>,
     },
     /// The socket could not be forwarded over SSH.
     #[error(
@@ -155,7 +155,7 @@ pub enum DockerError {
         via: Via,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// `GET /version` failed.
     #[error("{node}: Docker version query failed: {source}")]
@@ -164,7 +164,7 @@ pub enum DockerError {
         node: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// Reading the image tar failed.
     #[error("{node}: cannot read image archive {path}: {source}")]
@@ -189,7 +189,7 @@ pub enum DockerError {
         image: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// Inspecting an object failed (other than "not found").
     #[error("{node}: inspecting {kind} {name} failed: {source}")]
@@ -202,7 +202,7 @@ pub enum DockerError {
         name: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// Listing objects failed.
     #[error("{node}: listing {kind} with filter {filter} failed: {source}")]
@@ -215,7 +215,7 @@ pub enum DockerError {
         filter: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// Creating a network failed.
     #[error(
@@ -229,7 +229,7 @@ pub enum DockerError {
         name: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// Connecting a container to a network failed.
     #[error("{node}: connecting container {container} to network {network} failed: {source}")]
@@ -242,7 +242,7 @@ pub enum DockerError {
         container: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// Creating a container failed.
     #[error(
@@ -256,7 +256,7 @@ pub enum DockerError {
         name: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// Starting a container failed.
     #[error("{node}: starting container {name} failed: {source}")]
@@ -267,7 +267,7 @@ pub enum DockerError {
         name: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
     /// Removing an object failed (other than "not found").
     #[error("{node}: removing {kind} {name} failed: {source}")]
@@ -280,7 +280,7 @@ pub enum DockerError {
         name: String,
         /// Underlying error.
         #[source]
-        source: BollardError,
+        source: Box<BollardError>,
     },
 }
 
@@ -362,7 +362,10 @@ impl DockerNode {
             NodeTarget::Ssh(t) => {
                 let session = SshSession::connect(node.clone(), t)
                     .await
-                    .map_err(|source| DockerError::Ssh { node, source })?;
+                    .map_err(|source| DockerError::Ssh {
+                        node,
+                        source: Box::new(source),
+                    })?;
                 Self::over_ssh(session, Path::new(DEFAULT_SOCKET)).await
             }
         }
@@ -381,7 +384,7 @@ impl DockerNode {
         let docker = connect_unix(socket).map_err(|source| DockerError::Connect {
             node: node.clone(),
             via: via.clone(),
-            source,
+            source: Box::new(source),
         })?;
         Ok(Self {
             node,
@@ -414,11 +417,11 @@ impl DockerNode {
         };
         let dir = runtime_dir().map_err(|(path, e)| DockerError::Ssh {
             node: node.clone(),
-            source: SshError::ControlDir {
+            source: Box::new(SshError::ControlDir {
                 node: node.clone(),
                 path,
                 source: e,
-            },
+            }),
         })?;
         // Unique per tunnel, short enough for sun_path (108 bytes).
         let local = dir.join(format!(
@@ -437,7 +440,7 @@ impl DockerNode {
         let docker = connect_unix(&local).map_err(|source| DockerError::Connect {
             node: node.clone(),
             via: via.clone(),
-            source,
+            source: Box::new(source),
         })?;
         Ok(Self {
             node,
@@ -497,11 +500,11 @@ impl DockerNode {
     async fn op<T>(
         &self,
         res: Result<T, BollardError>,
-        map: impl FnOnce(BollardError) -> DockerError,
+        map: impl FnOnce(Box<BollardError>) -> DockerError,
     ) -> Result<T, DockerError> {
         match res {
             Ok(v) => Ok(v),
-            Err(e) => Err(self.classify(map(e)).await),
+            Err(e) => Err(self.classify(map(Box::new(e))).await),
         }
     }
 
@@ -578,12 +581,12 @@ impl DockerNode {
             None => Err(DockerError::ImportImage {
                 node: self.node.clone(),
                 image: reference.to_owned(),
-                source: BollardError::DockerStreamError {
+                source: Box::new(BollardError::DockerStreamError {
                     error: format!(
                         "import finished but the image is absent (last status: {})",
                         last_status.unwrap_or_default()
                     ),
-                },
+                }),
             }),
         }
     }
@@ -658,11 +661,11 @@ impl DockerNode {
             node: self.node.clone(),
             kind,
             name: name.to_owned(),
-            source,
+            source: Box::new(source),
         }
     }
 
-    fn list_err(&self, kind: &'static str, label: &str, source: BollardError) -> DockerError {
+    fn list_err(&self, kind: &'static str, label: &str, source: Box<BollardError>) -> DockerError {
         DockerError::List {
             node: self.node.clone(),
             kind,
@@ -881,7 +884,7 @@ impl DockerNode {
             node: self.node.clone(),
             kind,
             name: name.to_owned(),
-            source,
+            source: Box::new(source),
         }
     }
 

@@ -34,7 +34,7 @@ pub enum ExecError {
         node: String,
         /// Underlying error.
         #[source]
-        source: SshError,
+        source: Box<SshError>,
     },
     /// The command could not be started (local spawn or SSH channel failure).
     #[error(
@@ -240,7 +240,7 @@ impl Exec {
                     .await
                     .map_err(|source| ExecError::Connect {
                         node: node.clone(),
-                        source,
+                        source: Box::new(source),
                     })?,
             ),
         };

@@ -8,10 +8,6 @@
 //! Ports know nothing about the deployment config: the caller maps its config onto a
 //! [`NodeTarget`] and a node name (used in every error message).
 
-// Errors carry their context (node, object, paths) by value: they are the cold path, and a
-// readable message with a remedy matters more than the size of `Result`.
-#![allow(clippy::result_large_err)]
-
 pub mod docker;
 pub mod exec;
 pub mod ssh;
