@@ -309,8 +309,17 @@ pub struct Removed {
 
 struct Tunnel {
     session: SshSession,
-    local: PathBuf,
+    local: SocketFile,
     remote: PathBuf,
+}
+
+/// The local end of a forward; removed when the tunnel goes away, however it goes.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// The Docker port bound to one node.
@@ -448,7 +457,7 @@ impl DockerNode {
             docker,
             tunnel: Some(Tunnel {
                 session,
-                local,
+                local: SocketFile(local),
                 remote: remote_socket.to_owned(),
             }),
         })
@@ -936,23 +945,28 @@ impl DockerNode {
             return Ok(());
         };
         drop(self.docker);
-        let _ = t
-            .session
+        let Tunnel {
+            session,
+            local,
+            remote,
+        } = t;
+        let _ = session
             .session()
             .close_port_forward(
                 openssh::ForwardType::Local,
-                t.local.as_path(),
-                t.remote.as_path(),
+                local.0.as_path(),
+                remote.as_path(),
             )
             .await;
-        let _ = std::fs::remove_file(&t.local);
-        t.session
+        let local_path = local.0.clone();
+        drop(local);
+        session
             .close()
             .await
             .map_err(|source| DockerError::Forward {
                 node: self.node,
-                local: t.local,
-                remote: t.remote,
+                local: local_path,
+                remote,
                 source,
             })
     }

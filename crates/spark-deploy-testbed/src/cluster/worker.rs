@@ -172,7 +172,7 @@ fn entry_command() -> Vec<String> {
         "-c".to_owned(),
         format!(
             "mkdir -p /run/sshd && chmod 0755 /run/sshd && \
-             {{ /usr/sbin/sshd -D -e -f {SSH_DIR_IN_WORKER}/sshd_config & }} && \
+             ( /usr/sbin/sshd -D -e -f {SSH_DIR_IN_WORKER}/sshd_config & ) && \
              exec sleep infinity"
         ),
     ]
