@@ -19,8 +19,9 @@ pub mod hub;
 pub mod layout;
 pub mod lifecycle;
 pub mod plan;
-pub mod preflight;
 pub mod ports;
+pub mod preflight;
+pub mod run;
 pub mod secret;
 pub mod steps;
 

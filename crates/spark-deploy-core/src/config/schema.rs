@@ -78,6 +78,9 @@ pub struct DeploymentSection {
     pub worker_storage: WorkerStorage,
     /// Local state: lock, API key, recorded revisions (`~` is the head's home).
     pub state_dir: String,
+    /// The nodes are the spark-deploy testbed: no GPU, RDMA or NVIDIA runtime is required and the
+    /// engine binaries are the stand-in.
+    pub testbed: bool,
 }
 
 impl Default for DeploymentSection {
@@ -87,6 +90,7 @@ impl Default for DeploymentSection {
             engine: EngineProfileName::TensorfoldDsv41,
             worker_storage: WorkerStorage::Nfs,
             state_dir: "~/.local/state/spark-deploy".into(),
+            testbed: false,
         }
     }
 }

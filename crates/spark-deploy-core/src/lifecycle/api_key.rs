@@ -30,7 +30,9 @@ pub enum ApiKeyError {
         mode: u32,
     },
     /// The file has no `label: key` line.
-    #[error("API key file {path} holds no `label: key` line; remedy: delete it to generate a new key")]
+    #[error(
+        "API key file {path} holds no `label: key` line; remedy: delete it to generate a new key"
+    )]
     Empty {
         /// The file.
         path: PathBuf,
@@ -38,7 +40,10 @@ pub enum ApiKeyError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ApiKeyError + '_ {
-    move |source| ApiKeyError::Io { path: path.to_owned(), source }
+    move |source| ApiKeyError::Io {
+        path: path.to_owned(),
+        source,
+    }
 }
 
 /// Reads the first key of `path`.
@@ -50,12 +55,22 @@ pub fn read(path: &Path) -> Result<Secret, ApiKeyError> {
     let meta = std::fs::metadata(path).map_err(io(path))?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(ApiKeyError::Permissions { path: path.to_owned(), mode });
+        return Err(ApiKeyError::Permissions {
+            path: path.to_owned(),
+            mode,
+        });
     }
     let text = std::fs::read_to_string(path).map_err(io(path))?;
     text.lines()
-        .find_map(|l| l.split_once(':').map(|(_, k)| k.trim()).filter(|k| !k.is_empty()).map(Secret::new))
-        .ok_or_else(|| ApiKeyError::Empty { path: path.to_owned() })
+        .find_map(|l| {
+            l.split_once(':')
+                .map(|(_, k)| k.trim())
+                .filter(|k| !k.is_empty())
+                .map(Secret::new)
+        })
+        .ok_or_else(|| ApiKeyError::Empty {
+            path: path.to_owned(),
+        })
 }
 
 /// Returns the key in `path`, generating one (32 random bytes, hex) when the file is absent.
@@ -75,13 +90,23 @@ pub fn ensure(path: &Path, given: Option<&Secret>) -> Result<Secret, ApiKeyError
         Some(k) => k.clone(),
         None => {
             let mut bytes = [0u8; 32];
-            std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).map_err(io(Path::new("/dev/urandom")))?;
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut bytes))
+                .map_err(io(Path::new("/dev/urandom")))?;
             Secret::new(format!("sd-{}", hex::encode(bytes)))
         }
     };
     let tmp = path.with_extension("partial");
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(io(&tmp))?;
-    writeln!(f, "{LABEL}: {}", key.expose()).and_then(|()| f.sync_all()).map_err(io(&tmp))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    writeln!(f, "{LABEL}: {}", key.expose())
+        .and_then(|()| f.sync_all())
+        .map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))?;
     Ok(key)
 }
@@ -96,7 +121,10 @@ mod tests {
         let p = d.path().join("state/api-key");
         let k = ensure(&p, None).unwrap();
         assert!(k.expose().starts_with("sd-") && k.expose().len() == 67);
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert_eq!(ensure(&p, None).unwrap(), k, "the same key on every up");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(read(&p), Err(ApiKeyError::Permissions { .. })));

@@ -17,7 +17,12 @@ pub fn stamp(t: SystemTime) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// The file name a container's log is saved under at time `t`.
@@ -33,7 +38,10 @@ pub fn to_prune(existing: &[String], container: &str, keep: usize) -> Vec<String
     let suffix = format!("-{container}.log.gz");
     let mut mine: Vec<&String> = existing
         .iter()
-        .filter(|n| n.strip_suffix(&suffix).is_some_and(|s| s.len() == 15 && s.as_bytes()[8] == b'-'))
+        .filter(|n| {
+            n.strip_suffix(&suffix)
+                .is_some_and(|s| s.len() == 15 && s.as_bytes()[8] == b'-')
+        })
         .collect();
     mine.sort();
     let n = mine.len().saturating_sub(keep);
@@ -47,12 +55,27 @@ mod tests {
 
     #[test]
     fn names_sort_by_time_and_rotation_keeps_the_newest() {
-        assert_eq!(stamp(UNIX_EPOCH + Duration::from_secs(951_782_400)), "20000229-000000");
-        assert_eq!(stamp(UNIX_EPOCH + Duration::from_secs(1_796_000_000 + 3_723)), "20261130-015523");
-        let names: Vec<String> = ["20261130-000001-d-rank0.log.gz", "20261129-235959-d-rank0.log.gz", "20261130-000002-d-rank0.log.gz", "20261130-000003-d-rank1.log.gz", "notes.txt"]
-            .map(str::to_owned)
-            .to_vec();
-        assert_eq!(to_prune(&names, "d-rank0", 2), ["20261129-235959-d-rank0.log.gz"]);
+        assert_eq!(
+            stamp(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "20000229-000000"
+        );
+        assert_eq!(
+            stamp(UNIX_EPOCH + Duration::from_secs(1_796_000_000 + 3_723)),
+            "20261130-015523"
+        );
+        let names: Vec<String> = [
+            "20261130-000001-d-rank0.log.gz",
+            "20261129-235959-d-rank0.log.gz",
+            "20261130-000002-d-rank0.log.gz",
+            "20261130-000003-d-rank1.log.gz",
+            "notes.txt",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(
+            to_prune(&names, "d-rank0", 2),
+            ["20261129-235959-d-rank0.log.gz"]
+        );
         assert_eq!(to_prune(&names, "d-rank0", 0).len(), 3);
         assert!(to_prune(&names, "d-rank1", 1).is_empty());
     }

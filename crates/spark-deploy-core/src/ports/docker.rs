@@ -269,6 +269,28 @@ pub enum DockerError {
         #[source]
         source: Box<BollardError>,
     },
+    /// Stopping a container failed.
+    #[error("{node}: stopping container {name} failed: {source}")]
+    StopContainer {
+        /// Node name.
+        node: String,
+        /// Container name.
+        name: String,
+        /// Underlying error.
+        #[source]
+        source: Box<BollardError>,
+    },
+    /// Reading a container's log failed.
+    #[error("{node}: reading the log of container {name} failed: {source}")]
+    Logs {
+        /// Node name.
+        node: String,
+        /// Container name.
+        name: String,
+        /// Underlying error.
+        #[source]
+        source: Box<BollardError>,
+    },
     /// Removing an object failed (other than "not found").
     #[error("{node}: removing {kind} {name} failed: {source}")]
     Remove {
@@ -845,6 +867,70 @@ impl DockerNode {
             Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(self.classify(self.remove_err("container", name, e)).await),
         }
+    }
+
+    /// Stops a container, giving it `grace_s` seconds before SIGKILL; `false` when it did not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::StopContainer`].
+    pub async fn stop_container(&self, name: &str, grace_s: i32) -> Result<bool, DockerError> {
+        let opts = bollard::query_parameters::StopContainerOptionsBuilder::default()
+            .t(grace_s)
+            .build();
+        match self.docker.stop_container(name, Some(opts)).await {
+            Ok(()) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 304, ..
+            }) => Ok(true),
+            Err(e) => Err(self
+                .classify(DockerError::StopContainer {
+                    node: self.node.clone(),
+                    name: name.to_owned(),
+                    source: Box::new(e),
+                })
+                .await),
+        }
+    }
+
+    /// A container's log (stdout and stderr interleaved), optionally with timestamps and only
+    /// the last `tail` lines.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Logs`].
+    pub async fn logs(
+        &self,
+        name: &str,
+        timestamps: bool,
+        tail: Option<usize>,
+    ) -> Result<Vec<u8>, DockerError> {
+        use futures::StreamExt as _;
+        let tail = tail.map_or_else(|| "all".to_owned(), |n| n.to_string());
+        let opts = bollard::query_parameters::LogsOptionsBuilder::default()
+            .stdout(true)
+            .stderr(true)
+            .timestamps(timestamps)
+            .tail(&tail)
+            .build();
+        let mut stream = self.docker.logs(name, Some(opts));
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(c) => out.extend_from_slice(&c.into_bytes()),
+                Err(e) => {
+                    return Err(self
+                        .classify(DockerError::Logs {
+                            node: self.node.clone(),
+                            name: name.to_owned(),
+                            source: Box::new(e),
+                        })
+                        .await);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Removes a network; `false` when it did not exist.

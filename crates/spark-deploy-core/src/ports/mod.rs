@@ -8,6 +8,7 @@
 //! Ports know nothing about the deployment config: the caller maps its config onto a
 //! [`NodeTarget`] and a node name (used in every error message).
 
+pub mod container_body;
 pub mod docker;
 pub mod exec;
 pub mod ssh;

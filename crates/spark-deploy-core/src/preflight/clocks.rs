@@ -15,7 +15,12 @@ pub fn compare(nodes: &[(String, Vec<GpuClocks>)]) -> Vec<CheckResult> {
     let mut firsts = Vec::new();
     for (node, gpus) in nodes {
         match gpus.first() {
-            None => out.push(CheckResult::fail("gpu.clocks", node, "no GPU in `nvidia-smi -q -d CLOCK`", "install the NVIDIA driver and check `nvidia-smi`")),
+            None => out.push(CheckResult::fail(
+                "gpu.clocks",
+                node,
+                "no GPU in `nvidia-smi -q -d CLOCK`",
+                "install the NVIDIA driver and check `nvidia-smi`",
+            )),
             Some(g) => firsts.push((node.as_str(), g)),
         }
     }
@@ -26,13 +31,23 @@ pub fn compare(nodes: &[(String, Vec<GpuClocks>)]) -> Vec<CheckResult> {
     let observed = firsts
         .iter()
         .map(|(n, g)| {
-            let lock = g.locked_graphics.map_or_else(|| "not reported".to_owned(), |(a, b)| format!("{a}-{b} MHz"));
-            format!("{n}: max {} app {} lock {lock}", show(g.max_graphics), show(g.app_graphics))
+            let lock = g.locked_graphics.map_or_else(
+                || "not reported".to_owned(),
+                |(a, b)| format!("{a}-{b} MHz"),
+            );
+            format!(
+                "{n}: max {} app {} lock {lock}",
+                show(g.max_graphics),
+                show(g.app_graphics)
+            )
         })
         .collect::<Vec<_>>()
         .join("; ");
     // The cap every node can reach: the smallest known max graphics clock.
-    let cap = firsts.iter().filter_map(|(_, g)| g.locked_graphics.map(|l| l.1).or(g.max_graphics)).min();
+    let cap = firsts
+        .iter()
+        .filter_map(|(_, g)| g.locked_graphics.map(|l| l.1).or(g.max_graphics))
+        .min();
     let lgc = cap.map_or_else(
         || "sudo nvidia-smi -lgc <MHz>,<MHz> on every node (the same value)".to_owned(),
         |c| format!("run `sudo nvidia-smi -lgc {c},{c}` on every node"),
@@ -42,9 +57,19 @@ pub fn compare(nodes: &[(String, Vec<GpuClocks>)]) -> Vec<CheckResult> {
     let apps: Vec<Option<u32>> = firsts.iter().map(|(_, g)| g.app_graphics).collect();
     let any_lock_reported = locks.iter().any(Option::is_some);
     if any_lock_reported && (locks.iter().any(Option::is_none) || distinct(&locks)) {
-        out.push(CheckResult::fail("gpu.clocks", "all", observed, format!("locked clocks differ between nodes; {lgc}")));
+        out.push(CheckResult::fail(
+            "gpu.clocks",
+            "all",
+            observed,
+            format!("locked clocks differ between nodes; {lgc}"),
+        ));
     } else if distinct(&maxes) || distinct(&apps) {
-        out.push(CheckResult::fail("gpu.clocks", "all", observed, format!("clock caps differ between nodes; {lgc}")));
+        out.push(CheckResult::fail(
+            "gpu.clocks",
+            "all",
+            observed,
+            format!("clock caps differ between nodes; {lgc}"),
+        ));
     } else if !any_lock_reported {
         out.push(CheckResult::warn("gpu.clocks", "all", observed, format!("the driver reports no clock lock, so equal caps cannot be confirmed; to pin them, {lgc}")));
     } else {
@@ -59,10 +84,16 @@ mod tests {
     use crate::preflight::report::Verdict;
     use crate::preflight::smi::parse_clocks;
 
-    const FIXTURE: &str = include_str!("../../../../tests/fixtures/host-facts/h200x2/nvidia-smi-q-clock.txt");
+    const FIXTURE: &str =
+        include_str!("../../../../tests/fixtures/host-facts/h200x2/nvidia-smi-q-clock.txt");
 
     fn gpu(max: Option<u32>, app: Option<u32>, lock: Option<(u32, u32)>) -> GpuClocks {
-        GpuClocks { max_graphics: max, app_graphics: app, locked_graphics: lock, ..GpuClocks::default() }
+        GpuClocks {
+            max_graphics: max,
+            app_graphics: app,
+            locked_graphics: lock,
+            ..GpuClocks::default()
+        }
     }
 
     #[test]
@@ -70,20 +101,51 @@ mod tests {
         let g = parse_clocks(FIXTURE);
         let r = compare(&[("head".into(), g.clone()), ("worker-1".into(), g)]);
         assert_eq!(r[0].verdict, Verdict::Warn);
-        assert!(r[0].remedy.as_ref().unwrap().contains("nvidia-smi -lgc 1980,1980"), "{r:?}");
+        assert!(
+            r[0].remedy
+                .as_ref()
+                .unwrap()
+                .contains("nvidia-smi -lgc 1980,1980"),
+            "{r:?}"
+        );
     }
 
     #[test]
     fn mismatches_fail_and_unknown_is_not_zero() {
-        let r = compare(&[("a".into(), vec![gpu(Some(3003), None, Some((2200, 2200)))]), ("b".into(), vec![gpu(Some(3003), None, Some((2600, 2600)))])]);
+        let r = compare(&[
+            ("a".into(), vec![gpu(Some(3003), None, Some((2200, 2200)))]),
+            ("b".into(), vec![gpu(Some(3003), None, Some((2600, 2600)))]),
+        ]);
         assert_eq!(r[0].verdict, Verdict::Fail);
-        assert!(r[0].remedy.as_ref().unwrap().contains("-lgc 2200,2200"), "{r:?}");
-        let r = compare(&[("a".into(), vec![gpu(None, None, None)]), ("b".into(), vec![gpu(Some(3003), None, None)])]);
-        assert_eq!(r[0].verdict, Verdict::Warn, "unknown max is not a mismatch with a known one: {r:?}");
+        assert!(
+            r[0].remedy.as_ref().unwrap().contains("-lgc 2200,2200"),
+            "{r:?}"
+        );
+        let r = compare(&[
+            ("a".into(), vec![gpu(None, None, None)]),
+            ("b".into(), vec![gpu(Some(3003), None, None)]),
+        ]);
+        assert_eq!(
+            r[0].verdict,
+            Verdict::Warn,
+            "unknown max is not a mismatch with a known one: {r:?}"
+        );
         assert!(r[0].observed.contains("unknown"));
-        let r = compare(&[("a".into(), vec![gpu(Some(3003), Some(3003), Some((2200, 2200)))]), ("b".into(), vec![gpu(Some(3003), Some(3003), Some((2200, 2200)))])]);
+        let r = compare(&[
+            (
+                "a".into(),
+                vec![gpu(Some(3003), Some(3003), Some((2200, 2200)))],
+            ),
+            (
+                "b".into(),
+                vec![gpu(Some(3003), Some(3003), Some((2200, 2200)))],
+            ),
+        ]);
         assert_eq!(r[0].verdict, Verdict::Ok);
-        let r = compare(&[("a".into(), vec![]), ("b".into(), vec![gpu(Some(3003), None, None)])]);
+        let r = compare(&[
+            ("a".into(), vec![]),
+            ("b".into(), vec![gpu(Some(3003), None, None)]),
+        ]);
         assert_eq!(r[0].verdict, Verdict::Fail);
     }
 }

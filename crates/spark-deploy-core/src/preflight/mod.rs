@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod clocks;
 pub mod meminfo;
-pub mod roce;
 pub mod report;
+pub mod roce;
 pub mod smi;
+pub mod sysfs_dump;

@@ -36,19 +36,47 @@ impl CheckResult {
     /// A passing check.
     #[must_use]
     pub fn ok(check: &str, node: &str, observed: impl Into<String>) -> Self {
-        Self { check: check.into(), node: node.into(), observed: observed.into(), verdict: Verdict::Ok, remedy: None }
+        Self {
+            check: check.into(),
+            node: node.into(),
+            observed: observed.into(),
+            verdict: Verdict::Ok,
+            remedy: None,
+        }
     }
 
     /// A warning with its remedy.
     #[must_use]
-    pub fn warn(check: &str, node: &str, observed: impl Into<String>, remedy: impl Into<String>) -> Self {
-        Self { check: check.into(), node: node.into(), observed: observed.into(), verdict: Verdict::Warn, remedy: Some(remedy.into()) }
+    pub fn warn(
+        check: &str,
+        node: &str,
+        observed: impl Into<String>,
+        remedy: impl Into<String>,
+    ) -> Self {
+        Self {
+            check: check.into(),
+            node: node.into(),
+            observed: observed.into(),
+            verdict: Verdict::Warn,
+            remedy: Some(remedy.into()),
+        }
     }
 
     /// A failure with its remedy.
     #[must_use]
-    pub fn fail(check: &str, node: &str, observed: impl Into<String>, remedy: impl Into<String>) -> Self {
-        Self { check: check.into(), node: node.into(), observed: observed.into(), verdict: Verdict::Fail, remedy: Some(remedy.into()) }
+    pub fn fail(
+        check: &str,
+        node: &str,
+        observed: impl Into<String>,
+        remedy: impl Into<String>,
+    ) -> Self {
+        Self {
+            check: check.into(),
+            node: node.into(),
+            observed: observed.into(),
+            verdict: Verdict::Fail,
+            remedy: Some(remedy.into()),
+        }
     }
 }
 
@@ -63,28 +91,52 @@ impl PreflightReport {
     /// The worst verdict.
     #[must_use]
     pub fn verdict(&self) -> Verdict {
-        self.results.iter().map(|r| r.verdict).max().unwrap_or(Verdict::Ok)
+        self.results
+            .iter()
+            .map(|r| r.verdict)
+            .max()
+            .unwrap_or(Verdict::Ok)
     }
 
     /// The rows that failed.
     #[must_use]
     pub fn failures(&self) -> Vec<&CheckResult> {
-        self.results.iter().filter(|r| r.verdict == Verdict::Fail).collect()
+        self.results
+            .iter()
+            .filter(|r| r.verdict == Verdict::Fail)
+            .collect()
     }
 
     /// A fixed-width text table.
     #[must_use]
     pub fn to_table(&self) -> String {
-        let w = |f: fn(&CheckResult) -> usize, h: usize| self.results.iter().map(f).max().unwrap_or(0).max(h);
-        let (wc, wn, wo) = (w(|r| r.check.len(), 5), w(|r| r.node.len(), 4), w(|r| r.observed.len().min(60), 8));
-        let mut s = format!("{:wc$}  {:wn$}  {:wo$}  {:7}  remedy\n", "check", "node", "observed", "verdict");
+        let w = |f: fn(&CheckResult) -> usize, h: usize| {
+            self.results.iter().map(f).max().unwrap_or(0).max(h)
+        };
+        let (wc, wn, wo) = (
+            w(|r| r.check.len(), 5),
+            w(|r| r.node.len(), 4),
+            w(|r| r.observed.len().min(60), 8),
+        );
+        let mut s = format!(
+            "{:wc$}  {:wn$}  {:wo$}  {:7}  remedy\n",
+            "check", "node", "observed", "verdict"
+        );
         for r in &self.results {
             let v = match r.verdict {
                 Verdict::Ok => "ok",
                 Verdict::Warn => "warn",
                 Verdict::Fail => "FAIL",
             };
-            let _ = writeln!(s, "{:wc$}  {:wn$}  {:wo$}  {:7}  {}", r.check, r.node, r.observed, v, r.remedy.as_deref().unwrap_or(""));
+            let _ = writeln!(
+                s,
+                "{:wc$}  {:wn$}  {:wo$}  {:7}  {}",
+                r.check,
+                r.node,
+                r.observed,
+                v,
+                r.remedy.as_deref().unwrap_or("")
+            );
         }
         s
     }

@@ -35,12 +35,17 @@ impl DirSysfs {
 
 impl Sysfs for DirSysfs {
     fn read(&self, path: &str) -> Option<String> {
-        std::fs::read_to_string(self.at(path)).ok().map(|s| s.trim().to_owned())
+        std::fs::read_to_string(self.at(path))
+            .ok()
+            .map(|s| s.trim().to_owned())
     }
 
     fn list(&self, dir: &str) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.at(dir))
-            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned())).collect())
+            .map(|rd| {
+                rd.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         v
@@ -61,7 +66,10 @@ pub struct Route {
 pub fn parse_route(text: &str) -> Option<Route> {
     let words: Vec<&str> = text.split_whitespace().collect();
     let after = |k: &str| words.windows(2).find(|w| w[0] == k).map(|w| w[1]);
-    Some(Route { dev: after("dev")?.to_owned(), src: after("src")?.parse().ok()? })
+    Some(Route {
+        dev: after("dev")?.to_owned(),
+        src: after("src")?.parse().ok()?,
+    })
 }
 
 /// The detected RoCE configuration of one node.
@@ -85,13 +93,17 @@ pub struct RoceFacts {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RoceError {
     /// The netdev has no RDMA device.
-    #[error("netdev {netdev} has no RDMA device under /sys/class/net/{netdev}/device/infiniband; remedy: route the fabric address over the ConnectX-7 port (check `ip -4 addr` and FABRIC_PEER)")]
+    #[error(
+        "netdev {netdev} has no RDMA device under /sys/class/net/{netdev}/device/infiniband; remedy: route the fabric address over the ConnectX-7 port (check `ip -4 addr` and FABRIC_PEER)"
+    )]
     NoDevice {
         /// Netdev.
         netdev: String,
     },
     /// A device's port is not ACTIVE.
-    #[error("RoCE device {device} port 1 is {state:?}, not ACTIVE; remedy: check the cable and `ibv_devinfo -d {device}`")]
+    #[error(
+        "RoCE device {device} port 1 is {state:?}, not ACTIVE; remedy: check the cable and `ibv_devinfo -d {device}`"
+    )]
     NotActive {
         /// Device.
         device: String,
@@ -99,7 +111,9 @@ pub enum RoceError {
         state: String,
     },
     /// No RoCE v2 GID carries the fabric address.
-    #[error("RoCE device {device} has no RoCE v2 GID for {addr}; remedy: the address must be configured on the device's netdev (an all-zero or RoCE v1 entry makes NCCL fail a minute in)")]
+    #[error(
+        "RoCE device {device} has no RoCE v2 GID for {addr}; remedy: the address must be configured on the device's netdev (an all-zero or RoCE v1 entry makes NCCL fail a minute in)"
+    )]
     NoGid {
         /// Device.
         device: String,
@@ -107,7 +121,9 @@ pub enum RoceError {
         addr: Ipv4Addr,
     },
     /// The twins resolve to different indices.
-    #[error("RoCE twins disagree on the GID index ({detail}); remedy: give both halves of the port the same address configuration")]
+    #[error(
+        "RoCE twins disagree on the GID index ({detail}); remedy: give both halves of the port the same address configuration"
+    )]
     TwinsDisagree {
         /// Device → index pairs.
         detail: String,
@@ -118,17 +134,27 @@ pub enum RoceError {
 #[must_use]
 pub fn mapped_gid(addr: Ipv4Addr) -> String {
     let o = addr.octets();
-    format!("0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}", o[0], o[1], o[2], o[3])
+    format!(
+        "0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}",
+        o[0], o[1], o[2], o[3]
+    )
 }
 
 fn gid_index_of(sys: &dyn Sysfs, device: &str, addr: Ipv4Addr) -> Option<u32> {
     let want = mapped_gid(addr);
     let base = format!("/sys/class/infiniband/{device}/ports/1");
-    let mut indices: Vec<u32> = sys.list(&format!("{base}/gids")).iter().filter_map(|n| n.parse().ok()).collect();
+    let mut indices: Vec<u32> = sys
+        .list(&format!("{base}/gids"))
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
     indices.sort_unstable();
     indices.into_iter().find(|i| {
-        sys.read(&format!("{base}/gids/{i}")).is_some_and(|g| g.eq_ignore_ascii_case(&want))
-            && sys.read(&format!("{base}/gid_attrs/types/{i}")).is_some_and(|t| t.eq_ignore_ascii_case("RoCE v2"))
+        sys.read(&format!("{base}/gids/{i}"))
+            .is_some_and(|g| g.eq_ignore_ascii_case(&want))
+            && sys
+                .read(&format!("{base}/gid_attrs/types/{i}"))
+                .is_some_and(|t| t.eq_ignore_ascii_case("RoCE v2"))
     })
 }
 
@@ -142,7 +168,9 @@ pub fn detect(sys: &dyn Sysfs, route: &Route) -> Result<RoceFacts, RoceError> {
         .list(&format!("/sys/class/net/{}/device/infiniband", route.dev))
         .into_iter()
         .next()
-        .ok_or_else(|| RoceError::NoDevice { netdev: route.dev.clone() })?;
+        .ok_or_else(|| RoceError::NoDevice {
+            netdev: route.dev.clone(),
+        })?;
     // Twins: other devices whose RoCE v2 table carries the same address.
     let mut devices = vec![primary.clone()];
     devices.extend(
@@ -152,18 +180,32 @@ pub fn detect(sys: &dyn Sysfs, route: &Route) -> Result<RoceFacts, RoceError> {
     );
     let mut indices = Vec::new();
     for d in &devices {
-        let state = sys.read(&format!("/sys/class/infiniband/{d}/ports/1/state")).unwrap_or_default();
+        let state = sys
+            .read(&format!("/sys/class/infiniband/{d}/ports/1/state"))
+            .unwrap_or_default();
         if !state.contains("ACTIVE") {
-            return Err(RoceError::NotActive { device: d.clone(), state });
+            return Err(RoceError::NotActive {
+                device: d.clone(),
+                state,
+            });
         }
-        let i = gid_index_of(sys, d, route.src).ok_or_else(|| RoceError::NoGid { device: d.clone(), addr: route.src })?;
+        let i = gid_index_of(sys, d, route.src).ok_or_else(|| RoceError::NoGid {
+            device: d.clone(),
+            addr: route.src,
+        })?;
         indices.push((d.clone(), i));
     }
     if indices.iter().any(|(_, i)| *i != indices[0].1) {
-        let detail = indices.iter().map(|(d, i)| format!("{d}={i}")).collect::<Vec<_>>().join(", ");
+        let detail = indices
+            .iter()
+            .map(|(d, i)| format!("{d}={i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         return Err(RoceError::TwinsDisagree { detail });
     }
-    let mtu = sys.read(&format!("/sys/class/net/{}/mtu", route.dev)).and_then(|m| m.parse().ok());
+    let mtu = sys
+        .read(&format!("/sys/class/net/{}/mtu", route.dev))
+        .and_then(|m| m.parse().ok());
     let mut warnings = Vec::new();
     if mtu.is_some_and(|m| m < 9000) {
         warnings.push(format!("{} MTU {} < 9000: NCCL all-gather runs ~10 % slower; remedy: `ip link set {} mtu 9000` on both nodes", route.dev, mtu.unwrap_or(0), route.dev));
@@ -171,7 +213,14 @@ pub fn detect(sys: &dyn Sysfs, route: &Route) -> Result<RoceFacts, RoceError> {
     if devices.len() == 1 {
         warnings.push(format!("only one RoCE device ({primary}) carries {}: the second rail is unused (about half the bandwidth)", route.src));
     }
-    Ok(RoceFacts { netdev: route.dev.clone(), addr: route.src, devices, gid_index: indices[0].1, mtu, warnings })
+    Ok(RoceFacts {
+        netdev: route.dev.clone(),
+        addr: route.src,
+        devices,
+        gid_index: indices[0].1,
+        mtu,
+        warnings,
+    })
 }
 
 #[cfg(test)]
@@ -188,15 +237,25 @@ mod tests {
         };
         for (dev, netdev, idx) in gids {
             w(&format!("/sys/class/net/{netdev}/mtu"), "9000");
-            std::fs::create_dir_all(d.path().join(format!("sys/class/net/{netdev}/device/infiniband/{dev}"))).unwrap();
+            std::fs::create_dir_all(
+                d.path()
+                    .join(format!("sys/class/net/{netdev}/device/infiniband/{dev}")),
+            )
+            .unwrap();
             let base = format!("/sys/class/infiniband/{dev}/ports/1");
             w(&format!("{base}/state"), state);
             for i in 0..=*idx + 1 {
                 let (gid, ty) = match i {
-                    0 => ("fe80:0000:0000:0000:0000:0000:0000:0001".to_owned(), "IB/RoCE v1"),
+                    0 => (
+                        "fe80:0000:0000:0000:0000:0000:0000:0001".to_owned(),
+                        "IB/RoCE v1",
+                    ),
                     i if i == *idx - 1 => (mapped_gid(addr), "IB/RoCE v1"),
                     i if i == *idx => (mapped_gid(addr), "RoCE v2"),
-                    _ => ("0000:0000:0000:0000:0000:0000:0000:0000".to_owned(), "RoCE v2"),
+                    _ => (
+                        "0000:0000:0000:0000:0000:0000:0000:0000".to_owned(),
+                        "RoCE v2",
+                    ),
                 };
                 w(&format!("{base}/gids/{i}"), &gid);
                 w(&format!("{base}/gid_attrs/types/{i}"), ty);
@@ -208,8 +267,16 @@ mod tests {
     #[test]
     fn finds_the_v2_index_on_both_twins() {
         let addr: Ipv4Addr = "198.18.0.1".parse().unwrap();
-        let t = spark_tree(addr, &[("rocep1s0f1", "enp1s0f1np1", 3), ("roceP2p1s0f1", "enP2p1s0f1np1", 3)], "4: ACTIVE");
-        let route = parse_route("198.18.0.2 dev enp1s0f1np1 src 198.18.0.1 uid 0 \\    cache ").unwrap();
+        let t = spark_tree(
+            addr,
+            &[
+                ("rocep1s0f1", "enp1s0f1np1", 3),
+                ("roceP2p1s0f1", "enP2p1s0f1np1", 3),
+            ],
+            "4: ACTIVE",
+        );
+        let route =
+            parse_route("198.18.0.2 dev enp1s0f1np1 src 198.18.0.1 uid 0 \\    cache ").unwrap();
         let f = detect(&DirSysfs::new(t.path()), &route).unwrap();
         assert_eq!(f.gid_index, 3, "index 2 is RoCE v1, index 3 is v2");
         assert_eq!(f.devices, ["rocep1s0f1", "roceP2p1s0f1"]);
@@ -219,16 +286,42 @@ mod tests {
     #[test]
     fn refuses_down_ports_and_disagreeing_twins() {
         let addr: Ipv4Addr = "198.18.0.1".parse().unwrap();
-        let route = Route { dev: "enp1s0f1np1".into(), src: addr };
+        let route = Route {
+            dev: "enp1s0f1np1".into(),
+            src: addr,
+        };
         let down = spark_tree(addr, &[("rocep1s0f1", "enp1s0f1np1", 3)], "1: DOWN");
-        assert!(matches!(detect(&DirSysfs::new(down.path()), &route), Err(RoceError::NotActive { .. })));
-        let split = spark_tree(addr, &[("rocep1s0f1", "enp1s0f1np1", 3), ("roceP2p1s0f1", "enP2p1s0f1np1", 5)], "4: ACTIVE");
+        assert!(matches!(
+            detect(&DirSysfs::new(down.path()), &route),
+            Err(RoceError::NotActive { .. })
+        ));
+        let split = spark_tree(
+            addr,
+            &[
+                ("rocep1s0f1", "enp1s0f1np1", 3),
+                ("roceP2p1s0f1", "enP2p1s0f1np1", 5),
+            ],
+            "4: ACTIVE",
+        );
         let e = detect(&DirSysfs::new(split.path()), &route).unwrap_err();
-        assert!(e.to_string().contains("rocep1s0f1=3, roceP2p1s0f1=5"), "{e}");
+        assert!(
+            e.to_string().contains("rocep1s0f1=3, roceP2p1s0f1=5"),
+            "{e}"
+        );
         let other: Ipv4Addr = "198.18.0.9".parse().unwrap();
-        let e = detect(&DirSysfs::new(split.path()), &Route { dev: "enp1s0f1np1".into(), src: other }).unwrap_err();
+        let e = detect(
+            &DirSysfs::new(split.path()),
+            &Route {
+                dev: "enp1s0f1np1".into(),
+                src: other,
+            },
+        )
+        .unwrap_err();
         assert!(matches!(e, RoceError::NoGid { .. }), "{e}");
         let none = tempfile::tempdir().unwrap();
-        assert!(matches!(detect(&DirSysfs::new(none.path()), &route), Err(RoceError::NoDevice { .. })));
+        assert!(matches!(
+            detect(&DirSysfs::new(none.path()), &route),
+            Err(RoceError::NoDevice { .. })
+        ));
     }
 }

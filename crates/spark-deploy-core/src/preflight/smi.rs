@@ -27,7 +27,10 @@ pub struct GpuClocks {
 /// Parses `"1980 MHz"`; anything else (`N/A`, `Not Found`, empty) is unknown.
 #[must_use]
 pub fn mhz(value: &str) -> Option<u32> {
-    value.trim().strip_suffix("MHz").and_then(|n| n.trim().parse().ok())
+    value
+        .trim()
+        .strip_suffix("MHz")
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// Parses `nvidia-smi -q -d CLOCK` (or full `-q`) text: one entry per `GPU <bus id>` section.
@@ -38,7 +41,10 @@ pub fn parse_clocks(text: &str) -> Vec<GpuClocks> {
     let mut lock_min: Option<u32> = None;
     for line in text.lines() {
         if let Some(id) = line.strip_prefix("GPU ") {
-            gpus.push(GpuClocks { bus_id: id.trim().to_owned(), ..GpuClocks::default() });
+            gpus.push(GpuClocks {
+                bus_id: id.trim().to_owned(),
+                ..GpuClocks::default()
+            });
             section.clear();
             continue;
         }
@@ -72,7 +78,8 @@ pub fn parse_clocks(text: &str) -> Vec<GpuClocks> {
 mod tests {
     use super::*;
 
-    const FIXTURE: &str = include_str!("../../../../tests/fixtures/host-facts/h200x2/nvidia-smi-q-clock.txt");
+    const FIXTURE: &str =
+        include_str!("../../../../tests/fixtures/host-facts/h200x2/nvidia-smi-q-clock.txt");
 
     #[test]
     fn parses_the_real_h200_output() {
@@ -92,7 +99,8 @@ mod tests {
         assert_eq!(mhz(" N/A"), None);
         assert_eq!(mhz("Not Found"), None);
         assert_eq!(mhz("0 MHz"), Some(0));
-        let text = "GPU 0000000F:01:00.0\n    Max Clocks\n        Graphics : N/A\n        SM : 3003 MHz\n";
+        let text =
+            "GPU 0000000F:01:00.0\n    Max Clocks\n        Graphics : N/A\n        SM : 3003 MHz\n";
         let g = parse_clocks(text);
         assert_eq!(g[0].max_graphics, None);
         assert_eq!(g[0].max_sm, Some(3003));

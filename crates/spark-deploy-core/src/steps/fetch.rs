@@ -121,3 +121,18 @@ impl FetchCheckpoint {
         )
     }
 }
+
+impl FetchCheckpoint {
+    /// Runs the step.
+    pub(crate) async fn run(
+        &self,
+        ctx: &crate::run::Context,
+    ) -> Result<crate::run::Outcome, crate::run::StepFailure> {
+        let _ = ctx;
+        Err(crate::run::StepFailure::new(
+            crate::plan::StepKind::FetchCheckpoint,
+            "this step's runner is being integrated",
+            None,
+        ))
+    }
+}

@@ -51,3 +51,18 @@ impl BuildImage {
         )
     }
 }
+
+impl BuildImage {
+    /// Runs the step.
+    pub(crate) async fn run(
+        &self,
+        ctx: &crate::run::Context,
+    ) -> Result<crate::run::Outcome, crate::run::StepFailure> {
+        let _ = ctx;
+        Err(crate::run::StepFailure::new(
+            crate::plan::StepKind::BuildImage,
+            "this step's runner is being integrated",
+            None,
+        ))
+    }
+}

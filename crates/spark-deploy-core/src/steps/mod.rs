@@ -6,15 +6,19 @@ mod image;
 mod launch;
 mod preflight;
 mod rank_cache;
+mod ranks;
 mod smoke;
 mod stop;
 mod storage;
 
 pub use fetch::{FetchCheckpoint, RepoFetch};
 pub use image::BuildImage;
-pub use launch::LaunchRank;
-pub use preflight::Preflight;
+pub use launch::{LaunchError, LaunchRank};
+pub use preflight::{Preflight, PreflightFailed};
 pub use rank_cache::{BuildRankCache, RankOutput};
-pub use smoke::Smoke;
+pub use ranks::RankOpError;
+pub use smoke::{Smoke, SmokeError};
 pub use stop::Stop;
 pub use storage::{ConfigureWorkerStorage, WorkerPlan};
+
+pub(crate) use ranks::stop_started as stop_started_ranks;

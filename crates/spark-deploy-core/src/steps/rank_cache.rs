@@ -105,3 +105,18 @@ impl BuildRankCache {
         )
     }
 }
+
+impl BuildRankCache {
+    /// Runs the step.
+    pub(crate) async fn run(
+        &self,
+        ctx: &crate::run::Context,
+    ) -> Result<crate::run::Outcome, crate::run::StepFailure> {
+        let _ = ctx;
+        Err(crate::run::StepFailure::new(
+            crate::plan::StepKind::BuildRankCache,
+            "this step's runner is being integrated",
+            None,
+        ))
+    }
+}

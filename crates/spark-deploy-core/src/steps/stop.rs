@@ -1,9 +1,13 @@
 use serde::Serialize;
 
+use super::ranks;
 use crate::config::ValidatedConfig;
 use crate::engine::tensorfold::launch::container_name;
+use crate::event::Level;
 use crate::layout::NodeLayout;
+use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail};
+use crate::run::{Context, Outcome, StepFailure};
 
 /// Stops every rank, rank 0 first with a grace period, saving each container's log (gzip, named by
 /// date, time and rank, newest `log_keep` kept) before removing it.
@@ -65,5 +69,48 @@ impl Stop {
             "stop every rank, rank 0 first, logs saved".to_owned(),
             actions,
         )
+    }
+}
+
+impl Stop {
+    /// Stops every rank in order (rank 0 first), saving logs; skipped when none runs.
+    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        let mut stopped = 0;
+        for (node, container, log_dir) in &self.ranks {
+            let i = ranks::node_index(ctx, node);
+            match ranks::stop_and_save(ctx, i, container, log_dir, self.log_keep, self.grace_s)
+                .await
+            {
+                Ok(ranks::Stopped::Absent) => {}
+                Ok(ranks::Stopped::Removed(path)) => {
+                    stopped += 1;
+                    let saved = path.map_or_else(
+                        || "log not kept (log_keep = 0)".to_owned(),
+                        |p| format!("log saved to {p}"),
+                    );
+                    ctx.log(
+                        StepKind::Stop,
+                        Some(node),
+                        Level::Info,
+                        format!("stopped {container}; {saved}"),
+                    );
+                }
+                Err(e) => {
+                    return Err(StepFailure::new(
+                        StepKind::Stop,
+                        e,
+                        Some(format!(
+                            "check the Docker daemon on {node}, then rerun `spark-deploy down`"
+                        )),
+                    ));
+                }
+            }
+        }
+        if stopped == 0 {
+            return Ok(Outcome::Skipped {
+                reason: "no rank container of this deployment exists".into(),
+            });
+        }
+        Ok(Outcome::Done { bytes: None })
     }
 }

@@ -123,3 +123,18 @@ impl ConfigureWorkerStorage {
         )
     }
 }
+
+impl ConfigureWorkerStorage {
+    /// Runs the step.
+    pub(crate) async fn run(
+        &self,
+        ctx: &crate::run::Context,
+    ) -> Result<crate::run::Outcome, crate::run::StepFailure> {
+        let _ = ctx;
+        Err(crate::run::StepFailure::new(
+            crate::plan::StepKind::ConfigureWorkerStorage,
+            "this step's runner is being integrated",
+            None,
+        ))
+    }
+}

@@ -32,12 +32,18 @@ pub struct RankSettings {
 }
 
 fn flag(argv: &[String], key: &str) -> Option<String> {
-    argv.iter().position(|a| a == key).and_then(|i| argv.get(i + 1)).cloned()
+    argv.iter()
+        .position(|a| a == key)
+        .and_then(|i| argv.get(i + 1))
+        .cloned()
 }
 
 /// The rank-1 file name's index family: `rank1of2-<hash>.bin` → `of2`.
 fn world_of(name: &str) -> String {
-    name.split_once("of").and_then(|(_, r)| r.split('-').next()).unwrap_or("").to_owned()
+    name.split_once("of")
+        .and_then(|(_, r)| r.split('-').next())
+        .unwrap_or("")
+        .to_owned()
 }
 
 impl RankSettings {
@@ -57,8 +63,25 @@ impl RankSettings {
             put("engram_dir", e.get("TF_DS_ENGRAM").cloned());
             put("token_map", e.get("TF_DS_TOKEN_MAP").cloned());
             put("pool", flag(a, "--context"));
-            put("drafts", Some(if a.iter().any(|x| x == "--no-drafts") { "0" } else { "1" }.to_owned()));
-            put("rdma_device_count", Some(e.get("TF_RDMA_DEVICES").map_or(0, |d| d.split(',').count()).to_string()));
+            put(
+                "drafts",
+                Some(
+                    if a.iter().any(|x| x == "--no-drafts") {
+                        "0"
+                    } else {
+                        "1"
+                    }
+                    .to_owned(),
+                ),
+            );
+            put(
+                "rdma_device_count",
+                Some(
+                    e.get("TF_RDMA_DEVICES")
+                        .map_or(0, |d| d.split(',').count())
+                        .to_string(),
+                ),
+            );
             put("rdma_kernels", e.get("TF_DS_RDMA_KERNELS").cloned());
             put("graphs", e.get("TF_DS_GRAPHS").cloned());
             put("hc_side", e.get("TF_DS_HC_SIDE").cloned());
@@ -77,29 +100,72 @@ impl RankSettings {
             put("engram_dir", flag(a, "--engram"));
             put("token_map", flag(a, "--token-map"));
             put("pool", flag(a, "--pool"));
-            put("drafts", Some(flag(a, "--drafts").unwrap_or_else(|| "1".to_owned())));
-            put("rdma_device_count", Some(flag(a, "--rdma").map_or(0, |d| d.split(',').count()).to_string()));
+            put(
+                "drafts",
+                Some(flag(a, "--drafts").unwrap_or_else(|| "1".to_owned())),
+            );
+            put(
+                "rdma_device_count",
+                Some(
+                    flag(a, "--rdma")
+                        .map_or(0, |d| d.split(',').count())
+                        .to_string(),
+                ),
+            );
             put("rdma_kernels", flag(a, "--rdma-kernels"));
             put("graphs", flag(a, "--graphs").or_else(|| Some("0".into())));
             put("hc_side", flag(a, "--side").or_else(|| Some("0".into())));
-            put("l2_prefetch", flag(a, "--prefetch").or_else(|| Some("0".into())));
+            put(
+                "l2_prefetch",
+                flag(a, "--prefetch").or_else(|| Some("0".into())),
+            );
             put("engram_aio", flag(a, "--aio").or_else(|| Some("0".into())));
         }
         // Environment both ranks read identically: replay floor, round/stream knobs, opaque switches.
         for (k, val) in e {
-            let per_node = matches!(k.as_str(), "NCCL_SOCKET_IFNAME" | "NCCL_IB_HCA" | "NCCL_IB_GID_INDEX" | "TF_RDMA_GID_INDEX" | "TF_RDMA_DEVICES");
+            let per_node = matches!(
+                k.as_str(),
+                "NCCL_SOCKET_IFNAME"
+                    | "NCCL_IB_HCA"
+                    | "NCCL_IB_GID_INDEX"
+                    | "TF_RDMA_GID_INDEX"
+                    | "TF_RDMA_DEVICES"
+            );
             let rank0_input = k.starts_with("TF_TP_")
-                || matches!(k.as_str(), "TF_DS_RANK_CACHE" | "TF_DS_KIT" | "TENSORFOLD_CUDA_KERNELS" | "TF_DS_ENGRAM" | "TF_DS_TOKEN_MAP" | "TF_DS_GRAPHS" | "TF_DS_HC_SIDE" | "TF_DS_L2_PREFETCH" | "TF_DS_ENGRAM_AIO" | "TF_DS_RDMA_KERNELS");
+                || matches!(
+                    k.as_str(),
+                    "TF_DS_RANK_CACHE"
+                        | "TF_DS_KIT"
+                        | "TENSORFOLD_CUDA_KERNELS"
+                        | "TF_DS_ENGRAM"
+                        | "TF_DS_TOKEN_MAP"
+                        | "TF_DS_GRAPHS"
+                        | "TF_DS_HC_SIDE"
+                        | "TF_DS_L2_PREFETCH"
+                        | "TF_DS_ENGRAM_AIO"
+                        | "TF_DS_RDMA_KERNELS"
+                );
             if !per_node && !rank0_input {
                 v.insert(format!("env.{k}"), val.clone());
             }
         }
         v.insert("image".into(), spec.image.clone());
         v.insert("image_id".into(), inputs.image_id.clone());
-        v.insert("kit_manifest_sha256".into(), inputs.kit_manifest_sha256.clone());
+        v.insert(
+            "kit_manifest_sha256".into(),
+            inputs.kit_manifest_sha256.clone(),
+        );
         v.insert("token_map_sha256".into(), inputs.token_map_sha256.clone());
         v.insert("rank_file_world".into(), world_of(&inputs.rank_file));
-        v.insert("engram_files".into(), inputs.engram_files.iter().map(|(n, s)| format!("{n}:{s}")).collect::<Vec<_>>().join(","));
+        v.insert(
+            "engram_files".into(),
+            inputs
+                .engram_files
+                .iter()
+                .map(|(n, s)| format!("{n}:{s}"))
+                .collect::<Vec<_>>()
+                .join(","),
+        );
         Self { values: v }
     }
 
@@ -131,20 +197,35 @@ pub struct Mismatch {
 /// The list of mismatching settings (never empty).
 pub fn compare(ranks: &[(u32, RankSettings)]) -> Result<String, Vec<Mismatch>> {
     let Some((_, first)) = ranks.iter().find(|(r, _)| *r == 0) else {
-        return Err(vec![Mismatch { setting: "rank 0".into(), rank0: "<absent>".into(), other: String::new(), rank: 0 }]);
+        return Err(vec![Mismatch {
+            setting: "rank 0".into(),
+            rank0: "<absent>".into(),
+            other: String::new(),
+            rank: 0,
+        }]);
     };
     let mut out = Vec::new();
     for (rank, s) in ranks.iter().filter(|(r, _)| *r != 0) {
-        let keys: std::collections::BTreeSet<&String> = first.values.keys().chain(s.values.keys()).collect();
+        let keys: std::collections::BTreeSet<&String> =
+            first.values.keys().chain(s.values.keys()).collect();
         for k in keys {
             let (a, b) = (first.values.get(k), s.values.get(k));
             if a != b {
                 let show = |x: Option<&String>| x.cloned().unwrap_or_else(|| "<absent>".into());
-                out.push(Mismatch { setting: k.clone(), rank0: show(a), other: show(b), rank: *rank });
+                out.push(Mismatch {
+                    setting: k.clone(),
+                    rank0: show(a),
+                    other: show(b),
+                    rank: *rank,
+                });
             }
         }
     }
-    if out.is_empty() { Ok(first.fingerprint()) } else { Err(out) }
+    if out.is_empty() {
+        Ok(first.fingerprint())
+    } else {
+        Err(out)
+    }
 }
 
 #[cfg(test)]
@@ -156,20 +237,31 @@ mod tests {
 
     fn specs(f: impl FnOnce(&mut DeploymentConfig)) -> Vec<ContainerSpec> {
         let mut c = DeploymentConfig::default();
-        c.engine.switches.insert("TF_DS_IDX_SPLIT".into(), "2".into());
+        c.engine
+            .switches
+            .insert("TF_DS_IDX_SPLIT".into(), "2".into());
         f(&mut c);
         let v = validate(c, std::path::Path::new("/home/x")).unwrap();
         rank_specs(&v, &DeploymentFacts::placeholders(&v))
     }
 
     fn id(token_map: &str) -> InputIdentity {
-        InputIdentity { kit_manifest_sha256: "k".into(), token_map_sha256: token_map.into(), rank_file: "rankXof2-abc.bin".into(), engram_files: vec![("a".into(), 1)], image_id: "sha256:1".into() }
+        InputIdentity {
+            kit_manifest_sha256: "k".into(),
+            token_map_sha256: token_map.into(),
+            rank_file: "rankXof2-abc.bin".into(),
+            engram_files: vec![("a".into(), 1)],
+            image_id: "sha256:1".into(),
+        }
     }
 
     #[test]
     fn the_planned_pair_matches() {
         let s = specs(|_| {});
-        let ranks: Vec<_> = s.iter().map(|c| (c.rank, RankSettings::of(c, &id("t")))).collect();
+        let ranks: Vec<_> = s
+            .iter()
+            .map(|c| (c.rank, RankSettings::of(c, &id("t"))))
+            .collect();
         let fp = compare(&ranks).unwrap();
         assert_eq!(fp.len(), 64);
     }
@@ -181,7 +273,10 @@ mod tests {
         let pool = s[0].argv.iter().position(|a| a == "--pool").unwrap();
         s[0].argv[pool + 1] = "4096".into();
         s[0].env.remove("TF_DS_IDX_SPLIT");
-        let ranks = vec![(1, RankSettings::of(&s[0], &id("other"))), (0, RankSettings::of(&s[1], &id("t")))];
+        let ranks = vec![
+            (1, RankSettings::of(&s[0], &id("other"))),
+            (0, RankSettings::of(&s[1], &id("t"))),
+        ];
         let m = compare(&ranks).unwrap_err();
         let names: Vec<&str> = m.iter().map(|m| m.setting.as_str()).collect();
         assert_eq!(names, ["env.TF_DS_IDX_SPLIT", "pool", "token_map_sha256"]);

@@ -1,7 +1,7 @@
 //! TensorFold's native Zig `dsv41` engine at TP=2 (ENGINE-CONTRACT.md).
 
-pub mod inputs;
 pub mod fingerprint;
+pub mod inputs;
 pub mod launch;
 
 use super::EngineLimits;

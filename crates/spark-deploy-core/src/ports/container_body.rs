@@ -1,0 +1,95 @@
+//! A [`ContainerSpec`] (the plan's data) as the Docker Engine API's create body.
+
+use std::collections::HashMap;
+
+use bollard::models::{
+    ContainerCreateBody, DeviceMapping, DeviceRequest, HostConfig, HostConfigLogConfig,
+    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
+};
+
+use crate::container::ContainerSpec;
+
+/// The create body of `spec`: the command is the spec's argv exactly (the image's entrypoint, if
+/// any, stays and receives it), mounts as binds, GPUs as a device request.
+#[must_use]
+pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
+    let binds = spec
+        .mounts
+        .iter()
+        .map(|m| {
+            format!(
+                "{}:{}:{}",
+                m.source,
+                m.target,
+                if m.read_only { "ro" } else { "rw" }
+            )
+        })
+        .collect();
+    let device_requests = (spec.gpus == "all").then(|| {
+        vec![DeviceRequest {
+            driver: Some(String::new()),
+            count: Some(-1),
+            capabilities: Some(vec![vec!["gpu".to_owned()]]),
+            ..DeviceRequest::default()
+        }]
+    });
+    let devices = spec
+        .devices
+        .iter()
+        .map(|d| DeviceMapping {
+            path_on_host: Some(d.clone()),
+            path_in_container: Some(d.clone()),
+            cgroup_permissions: Some("rwm".into()),
+        })
+        .collect();
+    let host_config = HostConfig {
+        binds: Some(binds),
+        network_mode: Some(spec.network_mode.clone()),
+        ipc_mode: Some(spec.ipc_mode.clone()),
+        device_requests,
+        devices: Some(devices),
+        ulimits: Some(
+            spec.ulimits
+                .iter()
+                .map(|u| ResourcesUlimits {
+                    name: Some(u.name.clone()),
+                    soft: Some(u.soft),
+                    hard: Some(u.hard),
+                })
+                .collect(),
+        ),
+        cap_add: Some(spec.cap_add.clone()),
+        oom_score_adj: Some(spec.oom_score_adj),
+        restart_policy: Some(RestartPolicy {
+            name: Some(if spec.restart == "no" {
+                RestartPolicyNameEnum::NO
+            } else {
+                RestartPolicyNameEnum::ON_FAILURE
+            }),
+            maximum_retry_count: None,
+        }),
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("json-file".into()),
+            config: Some(
+                spec.log_opts
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<HashMap<_, _>>(),
+            ),
+        }),
+        ..HostConfig::default()
+    };
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        cmd: Some(spec.argv.clone()),
+        env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        labels: Some(
+            spec.labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        host_config: Some(host_config),
+        ..ContainerCreateBody::default()
+    }
+}

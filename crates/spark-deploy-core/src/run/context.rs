@@ -1,0 +1,208 @@
+//! What a running step may touch: the validated config, the event sink, one lazily connected
+//! Exec and Docker port per node, the facts learned so far, and a cancellation signal.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OnceCell, watch};
+
+use crate::config::{NodeConfig, ValidatedConfig};
+use crate::event::{Event, EventSink, Level, RedactingSink};
+use crate::facts::DeploymentFacts;
+use crate::plan::StepKind;
+use crate::ports::docker::{DockerError, DockerNode};
+use crate::ports::exec::{Exec, ExecError};
+use crate::ports::{NodeTarget, SshTarget};
+
+/// The node target a config entry describes (`~` already expanded by validation).
+#[must_use]
+pub fn node_target(node: &NodeConfig, home: &std::path::Path) -> NodeTarget {
+    if node.is_local() {
+        return NodeTarget::Local;
+    }
+    let or = |p: &str, default: &str| {
+        if p.is_empty() {
+            home.join(default)
+        } else {
+            PathBuf::from(p)
+        }
+    };
+    NodeTarget::Ssh(SshTarget {
+        destination: node.ssh.clone(),
+        port: node.ssh_port,
+        identity_file: or(&node.identity_file, ".ssh/id_ed25519"),
+        known_hosts: or(&node.known_hosts, ".ssh/known_hosts"),
+        connect_timeout: Duration::from_secs(10),
+    })
+}
+
+struct NodeConn {
+    name: String,
+    target: NodeTarget,
+    exec: OnceCell<Exec>,
+    docker: OnceCell<DockerNode>,
+}
+
+/// Shared state of one plan run.
+pub struct Context {
+    config: ValidatedConfig,
+    sink: Arc<dyn EventSink>,
+    nodes: Vec<NodeConn>,
+    facts: Mutex<DeploymentFacts>,
+    cancel: watch::Receiver<bool>,
+    cancel_tx: watch::Sender<bool>,
+    started: Mutex<Vec<(usize, String)>>,
+}
+
+impl Context {
+    /// A context for `config`, sending events (secrets redacted) to `sink`.
+    #[must_use]
+    pub fn new(config: ValidatedConfig, sink: Arc<dyn EventSink>) -> Self {
+        let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+        let c = config.config();
+        let secrets = c
+            .hub
+            .token
+            .iter()
+            .chain(c.serving.api_key.iter())
+            .cloned()
+            .collect::<Vec<_>>();
+        let sink: Arc<dyn EventSink> = Arc::new(RedactingSink::new(ArcSink(sink), secrets));
+        let nodes = c
+            .nodes
+            .iter()
+            .map(|n| NodeConn {
+                name: n.name.clone(),
+                target: node_target(n, &home),
+                exec: OnceCell::new(),
+                docker: OnceCell::new(),
+            })
+            .collect();
+        let facts = Mutex::new(DeploymentFacts::placeholders(&config));
+        let (cancel_tx, cancel) = watch::channel(false);
+        Self {
+            config,
+            sink,
+            nodes,
+            facts,
+            cancel,
+            cancel_tx,
+            started: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The validated config.
+    #[must_use]
+    pub fn config(&self) -> &ValidatedConfig {
+        &self.config
+    }
+
+    /// Emits an event.
+    pub fn emit(&self, event: Event) {
+        self.sink.emit(event);
+    }
+
+    /// Emits a log line for `step`.
+    pub fn log(&self, step: StepKind, node: Option<&str>, level: Level, line: impl Into<String>) {
+        self.emit(Event::Log {
+            step,
+            node: node.map(str::to_owned),
+            level,
+            line: line.into(),
+        });
+    }
+
+    /// The Exec port of node `index`, connected on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecError`] when the SSH session cannot be opened.
+    pub async fn exec(&self, index: usize) -> Result<&Exec, ExecError> {
+        let n = &self.nodes[index];
+        n.exec
+            .get_or_try_init(|| Exec::connect(n.name.clone(), &n.target))
+            .await
+    }
+
+    /// The Docker port of node `index`, connected on first use (workers: through their SSH).
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError`] when the session, the forward or the socket fails.
+    pub async fn docker(&self, index: usize) -> Result<&DockerNode, DockerError> {
+        let n = &self.nodes[index];
+        n.docker
+            .get_or_try_init(|| DockerNode::connect(n.name.clone(), &n.target))
+            .await
+    }
+
+    /// Node names in rank order.
+    #[must_use]
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// The facts learned so far (placeholders until preflight and fetch fill them).
+    #[must_use]
+    pub fn facts(&self) -> DeploymentFacts {
+        self.facts
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Updates the facts.
+    pub fn update_facts(&self, f: impl FnOnce(&mut DeploymentFacts)) {
+        let mut guard = self
+            .facts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut guard);
+    }
+
+    /// Records a rank container this run started on node `index`.
+    pub fn record_started(&self, index: usize, container: String) {
+        self.started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((index, container));
+    }
+
+    /// Takes the list of rank containers this run started (for the both-or-neither cleanup).
+    #[must_use]
+    pub fn take_started(&self) -> Vec<(usize, String)> {
+        std::mem::take(
+            &mut *self
+                .started
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Asks every running step to stop at its next cancellation point.
+    pub fn cancel(&self) {
+        let _ = self.cancel_tx.send(true);
+    }
+
+    /// Whether cancellation was requested.
+    #[must_use]
+    pub fn is_cancelled(&self) -> bool {
+        *self.cancel.borrow()
+    }
+
+    /// Resolves when cancellation is requested.
+    pub async fn cancelled(&self) {
+        let mut rx = self.cancel.clone();
+        let _ = rx.wait_for(|c| *c).await;
+    }
+}
+
+/// Adapts an `Arc<dyn EventSink>` to a sized sink.
+struct ArcSink(Arc<dyn EventSink>);
+
+impl EventSink for ArcSink {
+    fn emit(&self, event: Event) {
+        self.0.emit(event);
+    }
+}

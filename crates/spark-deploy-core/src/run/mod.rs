@@ -1,0 +1,201 @@
+//! Running a plan: each step's `run` through the ports, events for everything, a report at the end.
+//!
+//! # Guarantees
+//!
+//! - Steps run in plan order; the first failure stops the run.
+//! - Both ranks or neither: when anything fails after a rank container was started (a later
+//!   launch, readiness, smoke), every rank the run started is stopped and its log saved before the
+//!   error is returned.
+//! - Cancellation ([`Context::cancel`]) is honoured at every step boundary and inside long steps;
+//!   it counts as a failure for the guarantee above.
+
+mod context;
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+pub use context::{Context, node_target};
+
+use crate::event::Event;
+use crate::plan::{Plan, Step, StepKind};
+
+/// What a step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The step did its work.
+    Done {
+        /// Bytes moved, when any.
+        bytes: Option<u64>,
+    },
+    /// Nothing to do.
+    Skipped {
+        /// Why (e.g. "all 43 files present and verified").
+        reason: String,
+    },
+}
+
+/// A step's failure: which step, the error chain, and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{step:?} failed: {source}")]
+pub struct StepFailure {
+    /// The step.
+    pub step: StepKind,
+    /// The underlying error.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+    /// What the user can do.
+    pub remedy: Option<String>,
+}
+
+impl StepFailure {
+    /// Wraps `source` for `step`.
+    pub fn new(
+        step: StepKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+        remedy: Option<String>,
+    ) -> Self {
+        Self {
+            step,
+            source: source.into(),
+            remedy,
+        }
+    }
+
+    /// The error chain as one string.
+    #[must_use]
+    pub fn chain(&self) -> String {
+        let mut s = self.source.to_string();
+        let mut cur = self.source.source();
+        while let Some(c) = cur {
+            s.push_str(&format!(": {c}"));
+            cur = c.source();
+        }
+        s
+    }
+}
+
+/// One line of the run report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepReport {
+    /// The step.
+    pub step: StepKind,
+    /// `ran`, `skipped` or `failed`.
+    pub status: &'static str,
+    /// Skip reason or error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// Wall time.
+    pub duration_ms: u64,
+    /// Bytes moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+}
+
+/// The report of a whole run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RunReport {
+    /// One entry per step that started.
+    pub steps: Vec<StepReport>,
+}
+
+/// A failed run: the report so far and the failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{failure}")]
+pub struct RunError {
+    /// Steps up to and including the failed one.
+    pub report: RunReport,
+    /// The failure.
+    #[source]
+    pub failure: StepFailure,
+}
+
+fn millis(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn run_step(step: &Step, ctx: &Context) -> Result<Outcome, StepFailure> {
+    if ctx.is_cancelled() {
+        return Err(StepFailure::new(
+            step.kind(),
+            "cancelled before the step started",
+            None,
+        ));
+    }
+    match step {
+        Step::Preflight(s) => s.run(ctx).await,
+        Step::FetchCheckpoint(s) => s.run(ctx).await,
+        Step::BuildRankCache(s) => s.run(ctx).await,
+        Step::ConfigureWorkerStorage(s) => s.run(ctx).await,
+        Step::BuildImage(s) => s.run(ctx).await,
+        Step::LaunchRank(s) => s.run(ctx).await,
+        Step::Smoke(s) => s.run(ctx).await,
+        Step::Stop(s) => s.run(ctx).await,
+    }
+}
+
+impl Plan {
+    /// Runs every step in order.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError`] with the report so far; ranks started by this run are stopped first.
+    pub async fn run(&self, ctx: &Context) -> Result<RunReport, RunError> {
+        let mut report = RunReport::default();
+        for step in self.steps() {
+            let kind = step.kind();
+            let t = Instant::now();
+            ctx.emit(Event::Started {
+                step: kind,
+                message: step.describe().summary,
+            });
+            match run_step(step, ctx).await {
+                Ok(Outcome::Done { bytes }) => {
+                    let duration_ms = millis(t);
+                    ctx.emit(Event::Finished {
+                        step: kind,
+                        duration_ms,
+                        bytes,
+                    });
+                    report.steps.push(StepReport {
+                        step: kind,
+                        status: "ran",
+                        detail: None,
+                        duration_ms,
+                        bytes,
+                    });
+                }
+                Ok(Outcome::Skipped { reason }) => {
+                    ctx.emit(Event::Skipped {
+                        step: kind,
+                        reason: reason.clone(),
+                    });
+                    report.steps.push(StepReport {
+                        step: kind,
+                        status: "skipped",
+                        detail: Some(reason),
+                        duration_ms: millis(t),
+                        bytes: None,
+                    });
+                }
+                Err(failure) => {
+                    ctx.emit(Event::Failed {
+                        step: kind,
+                        error: failure.chain(),
+                        remedy: failure.remedy.clone(),
+                    });
+                    report.steps.push(StepReport {
+                        step: kind,
+                        status: "failed",
+                        detail: Some(failure.chain()),
+                        duration_ms: millis(t),
+                        bytes: None,
+                    });
+                    crate::steps::stop_started_ranks(ctx).await;
+                    return Err(RunError { report, failure });
+                }
+            }
+        }
+        Ok(report)
+    }
+}

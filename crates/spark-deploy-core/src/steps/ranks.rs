@@ -1,0 +1,207 @@
+//! Rank container operations shared by LaunchRank, Smoke and Stop: start one, save a log and
+//! remove one, stop every rank a run started (both or neither), read a log tail.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use crate::container::ContainerSpec;
+use crate::event::Level;
+use crate::lifecycle::logs;
+use crate::plan::StepKind;
+use crate::ports::container_body::create_body;
+use crate::ports::docker::DockerError;
+use crate::ports::exec::{Cmd, ExecError};
+use crate::run::Context;
+
+/// Errors of rank container operations.
+#[derive(Debug, thiserror::Error)]
+pub enum RankOpError {
+    /// A Docker call failed.
+    #[error(transparent)]
+    Docker(#[from] DockerError),
+    /// Saving a log on the node failed.
+    #[error("saving the log of {container} on {node}: {source}")]
+    SaveLog {
+        /// Node.
+        node: String,
+        /// Container.
+        container: String,
+        /// Underlying error.
+        #[source]
+        source: ExecError,
+    },
+    /// Compressing a log failed.
+    #[error("compressing the log of {container}: {source}")]
+    Compress {
+        /// Container.
+        container: String,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The node index of `name` in the config.
+pub(crate) fn node_index(ctx: &Context, name: &str) -> usize {
+    ctx.config()
+        .config()
+        .nodes
+        .iter()
+        .position(|n| n.name == name)
+        .unwrap_or(0)
+}
+
+/// Creates and starts `spec` on its node, replacing a stopped container of the same name.
+///
+/// # Errors
+///
+/// [`RankOpError::Docker`] naming node and container.
+pub(crate) async fn start(ctx: &Context, spec: &ContainerSpec) -> Result<(), RankOpError> {
+    let i = node_index(ctx, &spec.node);
+    let docker = ctx.docker(i).await?;
+    docker.remove_container(&spec.name).await?;
+    docker
+        .create_container(&spec.name, create_body(spec))
+        .await?;
+    ctx.record_started(i, spec.name.clone());
+    docker.start_container(&spec.name).await?;
+    Ok(())
+}
+
+/// The last `lines` lines of a container's log, as text.
+pub(crate) async fn log_tail(ctx: &Context, node: usize, container: &str, lines: usize) -> String {
+    match ctx.docker(node).await {
+        Ok(d) => d.logs(container, false, Some(lines)).await.map_or_else(
+            |e| format!("<log unavailable: {e}>"),
+            |b| String::from_utf8_lossy(&b).into_owned(),
+        ),
+        Err(e) => format!("<log unavailable: {e}>"),
+    }
+}
+
+fn gzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes)?;
+    enc.finish()
+}
+
+/// What [`stop_and_save`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// No such container.
+    Absent,
+    /// Stopped and removed; the saved log, unless `keep` is 0.
+    Removed(Option<String>),
+}
+
+/// Stops `container` on node `node` (grace `grace_s`), saves its log with timestamps gzipped into
+/// `log_dir` on that node (keeping the newest `keep`), and removes it.
+///
+/// # Errors
+///
+/// [`RankOpError`] for Docker, compression or writing failures.
+pub(crate) async fn stop_and_save(
+    ctx: &Context,
+    node: usize,
+    container: &str,
+    log_dir: &str,
+    keep: u32,
+    grace_s: u64,
+) -> Result<Stopped, RankOpError> {
+    let docker = ctx.docker(node).await?;
+    if docker.inspect_container(container).await?.is_none() {
+        return Ok(Stopped::Absent);
+    }
+    docker
+        .stop_container(container, i32::try_from(grace_s).unwrap_or(i32::MAX))
+        .await?;
+    let mut saved = None;
+    if keep > 0 {
+        let log = docker.logs(container, true, None).await?;
+        let gz = gzip(&log).map_err(|source| RankOpError::Compress {
+            container: container.to_owned(),
+            source,
+        })?;
+        let path = format!(
+            "{}/{}",
+            log_dir.trim_end_matches('/'),
+            logs::file_name(SystemTime::now(), container)
+        );
+        let exec = ctx
+            .exec(node)
+            .await
+            .map_err(|source| RankOpError::SaveLog {
+                node: ctx.node_names()[node].clone(),
+                container: container.to_owned(),
+                source,
+            })?;
+        let save = |source| RankOpError::SaveLog {
+            node: ctx.node_names()[node].clone(),
+            container: container.to_owned(),
+            source,
+        };
+        exec.write_file(Path::new(&path), &gz).await.map_err(save)?;
+        let listing = exec
+            .run(&Cmd::new("ls").arg("-1").arg(log_dir))
+            .await
+            .map_err(save)?;
+        let names: Vec<String> = String::from_utf8_lossy(&listing.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let prune = logs::to_prune(&names, container, keep as usize);
+        if !prune.is_empty() {
+            let mut cmd = Cmd::new("rm").arg("-f").arg("--");
+            for p in prune {
+                cmd = cmd.arg(format!("{}/{p}", log_dir.trim_end_matches('/')));
+            }
+            exec.run(&cmd).await.map_err(save)?;
+        }
+        saved = Some(path);
+    }
+    docker.remove_container(container).await?;
+    Ok(Stopped::Removed(saved))
+}
+
+/// Stops every rank container this run started, rank 0 first, saving logs; used when a step fails
+/// after a launch. Failures are reported as log events, never hidden.
+pub(crate) async fn stop_started(ctx: &Context) {
+    let mut started = ctx.take_started();
+    if started.is_empty() {
+        return;
+    }
+    started.sort_by_key(|(node, _)| *node);
+    let c = ctx.config().config();
+    for (node, container) in started {
+        let log_dir = crate::layout::NodeLayout::of(ctx.config(), &c.nodes[node]).log_dir;
+        let name = ctx.node_names()[node].clone();
+        match stop_and_save(
+            ctx,
+            node,
+            &container,
+            &log_dir,
+            c.lifecycle.log_keep.max(1),
+            c.lifecycle.stop_timeout_s,
+        )
+        .await
+        {
+            Ok(Stopped::Removed(path)) => ctx.log(
+                StepKind::Stop,
+                Some(&name),
+                Level::Warn,
+                format!(
+                    "stopped {container} (both ranks or neither); log saved to {}",
+                    path.unwrap_or_else(|| "<not saved>".into())
+                ),
+            ),
+            Ok(Stopped::Absent) => {}
+            Err(e) => ctx.log(
+                StepKind::Stop,
+                Some(&name),
+                Level::Error,
+                format!("could not stop {container}: {e}"),
+            ),
+        }
+    }
+}
