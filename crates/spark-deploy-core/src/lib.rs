@@ -24,5 +24,6 @@ pub mod preflight;
 pub mod run;
 pub mod secret;
 pub mod steps;
+pub mod transfer;
 
 pub use error::Error;

@@ -1,0 +1,155 @@
+//! Moving exactly the required files from the head to a worker over the fabric.
+//!
+//! The head serves an allow-list of files over plain HTTP bound to its **fabric** address only,
+//! behind a per-run random token ([`server`]); each worker pulls with `curl` through its Exec port,
+//! several files in parallel, resuming `.partial` files, and verifies size and sha256 before the
+//! rename ([`pull`]). A manifest of verified files on the worker makes an up-to-date re-run move
+//! nothing. The token travels on the SSH session's stdin, never in argv.
+
+pub mod pull;
+pub mod server;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// One file to move.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileJob {
+    /// Source path on the head (a regular file; symlinks resolved).
+    pub from: PathBuf,
+    /// Destination path on the worker.
+    pub to: PathBuf,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Errors of planning a transfer on the head.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// A source could not be listed or read.
+    #[error("cannot read {path} on the head: {source}")]
+    Source {
+        /// The path.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file server could not bind.
+    #[error(
+        "cannot serve files on {addr}: {source} (remedy: the head's fabric address must be local; see preflight)"
+    )]
+    Bind {
+        /// Address.
+        addr: String,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A worker-side pull failed.
+    #[error("{node}: pulling {file} failed: {detail}")]
+    Pull {
+        /// Worker.
+        node: String,
+        /// Destination file.
+        file: String,
+        /// What went wrong (curl's or the verifier's message).
+        detail: String,
+    },
+}
+
+/// Expands `from` (a file or a directory, followed through symlinks) into jobs towards `to`.
+///
+/// # Errors
+///
+/// [`TransferError::Source`] when a path cannot be read.
+pub fn expand(from: &Path, to: &Path) -> Result<Vec<FileJob>, TransferError> {
+    let err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| TransferError::Source { path, source }
+    };
+    let meta = std::fs::metadata(from).map_err(err(from))?;
+    if meta.is_file() {
+        return Ok(vec![FileJob {
+            from: std::fs::canonicalize(from).map_err(err(from))?,
+            to: to.to_owned(),
+            size: meta.len(),
+        }]);
+    }
+    let mut out = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(from)
+        .map_err(err(from))?
+        .collect::<Result<_, _>>()
+        .map_err(err(from))?;
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    for e in entries {
+        let name = e.file_name();
+        if name.to_string_lossy().starts_with('.') {
+            continue; // partial files, superseded rank files, caches
+        }
+        out.extend(expand(&from.join(&name), &to.join(&name))?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::exec::Exec;
+
+    /// The whole mechanism on loopback with a local Exec (the testbed runs it across the fabric).
+    #[tokio::test]
+    async fn pulls_resumes_verifies_and_skips_what_is_up_to_date() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(src.join("big.bin"), &big).unwrap();
+        std::fs::write(src.join("sub/small.json"), b"{\"a\":1}").unwrap();
+        std::fs::write(src.join(".rank0of2.partial"), b"skip me").unwrap();
+        let dst = d.path().join("dst");
+        let jobs = expand(&src, &dst).unwrap();
+        assert_eq!(jobs.len(), 2, "dot files are not shipped");
+        // A partial from an earlier, interrupted run: the pull must continue it.
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::write(dst.join("big.bin.partial"), &big[..1_000_000]).unwrap();
+        let server = server::FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let exec = Exec::local("worker-test");
+        let manifest = dst.join(".spark-deploy-received.tsv");
+        let cache = d.path().join("state/hashes.tsv");
+        let seen = std::sync::Mutex::new(Vec::new());
+        let progress = |done: u64, total: u64, _f: &str| seen.lock().unwrap().push((done, total));
+        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+            .await
+            .unwrap();
+        assert_eq!((s.files, s.sent, s.bytes_sent), (2, 2, 3_000_007));
+        assert_eq!(std::fs::read(dst.join("big.bin")).unwrap(), big);
+        assert!(!dst.join("big.bin.partial").exists());
+        assert_eq!(
+            seen.lock().unwrap().last().copied(),
+            Some((3_000_007, 3_000_007))
+        );
+        // Up to date: nothing moves.
+        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+            .await
+            .unwrap();
+        assert_eq!(s.sent, 0);
+        // A changed destination is re-sent.
+        std::fs::write(dst.join("sub/small.json"), b"{\"a\":2}").unwrap();
+        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+            .await
+            .unwrap();
+        assert_eq!((s.sent, s.bytes_sent), (1, 7));
+        // No token, no file.
+        let url = server.allow(src.join("big.bin"));
+        let code = tokio::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &url])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&code.stdout), "401");
+    }
+}

@@ -1,0 +1,242 @@
+//! The worker side: pull, resume, verify, record — driven through the worker's Exec port.
+
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt as _;
+use sha2::{Digest, Sha256};
+
+use super::server::FileServer;
+use super::{FileJob, TransferError};
+use crate::ports::exec::{Cmd, Exec};
+
+/// The script each pull runs on the worker. Reads the token from stdin (never argv), resumes a
+/// `.partial`, checks size and sha256, renames, and prints the final mtime.
+const PULL: &str = r#"set -u
+IFS= read -r token
+url="$1"; dest="$2"; size="$3"; sha="$4"; part="$dest.partial"
+mkdir -p -- "$(dirname -- "$dest")" || exit 10
+have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
+if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
+if [ "$have" -lt "$size" ]; then
+  printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --retry 3 --retry-delay 1 --speed-limit 1024 --speed-time 30 -H @- -C - -o "$part" -- "$url" || exit 11
+fi
+[ -f "$part" ] || : > "$part"
+got=$(stat -c %s -- "$part")
+[ "$got" = "$size" ] || { echo "size $got, expected $size" >&2; exit 12; }
+sum=$(sha256sum -- "$part" | cut -d' ' -f1)
+[ "$sum" = "$sha" ] || { rm -f -- "$part"; echo "sha256 $sum, expected $sha (partial removed)" >&2; exit 13; }
+mv -f -- "$part" "$dest" && stat -c %.9Y -- "$dest""#;
+
+/// Prints `<size> <mtime> <path>` for every existing argument.
+const STAT: &str =
+    r#"for f in "$@"; do [ -f "$f" ] && [ ! -L "$f" ] && stat -c '%s %.9Y %n' -- "$f"; done; true"#;
+
+/// What a transfer did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TransferStats {
+    /// Files considered.
+    pub files: usize,
+    /// Files sent (missing, partial or different on the worker).
+    pub sent: usize,
+    /// Bytes of the files sent.
+    pub bytes_sent: u64,
+}
+
+/// sha256 of a head file, cached by (path, size, mtime) in `cache` so re-runs do not re-hash.
+fn head_sha(path: &Path, cache: &mut HashMap<String, String>) -> Result<String, TransferError> {
+    let err = |source| TransferError::Source {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(err)?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let key = format!("{}\t{}\t{mtime}", path.display(), meta.len());
+    if let Some(s) = cache.get(&key) {
+        return Ok(s.clone());
+    }
+    let mut f = std::fs::File::open(path).map_err(err)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(err)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let s = hex::encode(h.finalize());
+    cache.insert(key, s.clone());
+    Ok(s)
+}
+
+fn load_cache(path: &Path) -> HashMap<String, String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            l.rsplit_once('\t')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+fn save_cache(path: &Path, cache: &HashMap<String, String>) {
+    let text: String = cache.iter().map(|(k, v)| format!("{k}\t{v}\n")).collect();
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let tmp = path.with_extension("partial");
+    if std::fs::write(&tmp, text).is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+/// Moves `jobs` to the worker behind `exec`, pulling from `server` with `streams` parallel pulls.
+/// `manifest` (on the worker) records verified files as `path\tsize\tmtime\tsha256`; `hash_cache`
+/// (on the head) remembers source hashes. `progress(done_bytes, total_bytes, file)` is called as
+/// files complete.
+///
+/// # Errors
+///
+/// [`TransferError`] naming the file and the node.
+pub async fn transfer(
+    exec: &Exec,
+    server: &FileServer,
+    jobs: &[FileJob],
+    manifest: &Path,
+    hash_cache: &Path,
+    streams: usize,
+    progress: &(dyn Fn(u64, u64, &str) + Send + Sync),
+) -> Result<TransferStats, TransferError> {
+    let node = exec.node().to_owned();
+    let pull_err = |file: &Path, detail: String| TransferError::Pull {
+        node: node.clone(),
+        file: file.display().to_string(),
+        detail,
+    };
+    // Head hashes (cached), computed off the async threads.
+    let cache_path = hash_cache.to_owned();
+    let sources: Vec<PathBuf> = jobs.iter().map(|j| j.from.clone()).collect();
+    let hashes = tokio::task::spawn_blocking(move || {
+        let mut cache = load_cache(&cache_path);
+        let r: Result<Vec<String>, TransferError> =
+            sources.iter().map(|p| head_sha(p, &mut cache)).collect();
+        save_cache(&cache_path, &cache);
+        r
+    })
+    .await
+    .map_err(|e| TransferError::Source {
+        path: hash_cache.to_owned(),
+        source: std::io::Error::other(e),
+    })??;
+    // What the worker already holds, verified.
+    let recorded: HashMap<String, (u64, String, String)> = match exec.read_file(manifest).await {
+        Ok(b) => String::from_utf8_lossy(&b)
+            .lines()
+            .filter_map(|l| {
+                let v: Vec<&str> = l.split('\t').collect();
+                (v.len() == 4).then(|| {
+                    (
+                        v[0].to_owned(),
+                        (v[1].parse().unwrap_or(0), v[2].to_owned(), v[3].to_owned()),
+                    )
+                })
+            })
+            .collect(),
+        Err(_) => HashMap::new(),
+    };
+    let stat_out = exec
+        .run(
+            &Cmd::shell(STAT)
+                .arg("sh")
+                .args(jobs.iter().map(|j| j.to.display().to_string())),
+        )
+        .await
+        .map_err(|e| pull_err(manifest, e.to_string()))?;
+    let present: HashMap<String, (u64, String)> = String::from_utf8_lossy(&stat_out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.splitn(3, ' ');
+            let (s, m, p) = (w.next()?.parse().ok()?, w.next()?.to_owned(), w.next()?);
+            Some((p.to_owned(), (s, m)))
+        })
+        .collect();
+    let mut entries: HashMap<String, (u64, String, String)> = HashMap::new();
+    let mut todo = Vec::new();
+    for (j, sha) in jobs.iter().zip(&hashes) {
+        let dest = j.to.display().to_string();
+        let up_to_date = match (present.get(&dest), recorded.get(&dest)) {
+            (Some((size, mtime)), Some((rs, rm, rsha))) => {
+                *size == j.size && size == rs && mtime == rm && rsha == sha
+            }
+            _ => false,
+        };
+        if up_to_date {
+            entries.insert(dest, recorded[&j.to.display().to_string()].clone());
+        } else {
+            todo.push((j, sha.clone()));
+        }
+    }
+    let total: u64 = todo.iter().map(|(j, _)| j.size).sum();
+    let mut stats = TransferStats {
+        files: jobs.len(),
+        sent: 0,
+        bytes_sent: 0,
+    };
+    let urls: Vec<String> = todo
+        .iter()
+        .map(|(j, _)| server.allow(j.from.clone()))
+        .collect();
+    let token_line = format!("{}\n", server.token().expose());
+    let mut results = futures::stream::iter(todo.iter().zip(urls).map(|((j, sha), url)| {
+        let cmd = Cmd::shell(PULL)
+            .arg("sh")
+            .args([
+                url,
+                j.to.display().to_string(),
+                j.size.to_string(),
+                sha.clone(),
+            ])
+            .stdin(token_line.clone().into_bytes());
+        async move { (j, sha, exec.output(&cmd).await) }
+    }))
+    .buffer_unordered(streams.max(1));
+    let mut done = 0u64;
+    while let Some((j, sha, out)) = results.next().await {
+        let out = out.map_err(|e| pull_err(&j.to, e.to_string()))?;
+        if !out.status.success() {
+            return Err(pull_err(
+                &j.to,
+                format!(
+                    "exit {:?}: {}",
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            ));
+        }
+        let mtime = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        entries.insert(j.to.display().to_string(), (j.size, mtime, sha.clone()));
+        done += j.size;
+        stats.sent += 1;
+        stats.bytes_sent += j.size;
+        progress(done, total, &j.to.display().to_string());
+    }
+    drop(results);
+    let mut text: Vec<String> = recorded
+        .iter()
+        .filter(|(k, _)| !entries.contains_key(*k))
+        .chain(entries.iter())
+        .map(|(p, (s, m, h))| format!("{p}\t{s}\t{m}\t{h}"))
+        .collect();
+    text.sort();
+    exec.write_file(manifest, (text.join("\n") + "\n").as_bytes())
+        .await
+        .map_err(|e| pull_err(manifest, e.to_string()))?;
+    Ok(stats)
+}
