@@ -33,6 +33,7 @@ fn options() -> TestbedOptions {
 async fn testbed_cluster_end_to_end() {
     let opts = options();
     let scenarios = async {
+        refuses_a_subnet_routed_elsewhere(&opts).await?;
         let t0 = Instant::now();
         let info = cluster::up(&opts).await?;
         let cold = t0.elapsed();
@@ -200,6 +201,18 @@ async fn exec_port_on_worker(info: &TestbedInfo) -> R {
     let msg = err.to_string();
     assert!(msg.starts_with("worker-1: `cat -- "), "{msg}");
     assert!(msg.contains("No such file"), "{msg}");
+    // A few MiB through stdin, to exercise the pipes both ways.
+    let big: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let big_path = w.disk_dir.join("exec/big.bin");
+    exec.write_file(&big_path, &big).await?;
+    assert_eq!(std::fs::read(&big_path)?.len(), big.len());
+    assert!(exec.read_file(&big_path).await? == big, "big file differs");
+
+    // One SSH master can carry both ports.
+    let session = exec.ssh_session().expect("worker exec is over ssh").clone();
+    let docker = DockerNode::over_ssh(session, Path::new("/var/run/docker.sock")).await?;
+    docker.ping().await?;
+    docker.close().await?;
     exec.close().await?;
 
     // A wrong known_hosts makes the port refuse to connect.
@@ -322,8 +335,20 @@ async fn worker_path_really_goes_through_ssh(info: &TestbedInfo) -> R {
     let head = DockerNode::local("head", Path::new("/var/run/docker.sock"))?;
     let remote = DockerNode::connect(w.name.clone(), &w.node_target()).await?;
     remote.ping().await?;
+    let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
+    exec.run(&Cmd::new("true")).await?;
 
     worker::stop_sshd(&head, &w.container).await?;
+    let err = exec
+        .run(&Cmd::new("true"))
+        .await
+        .expect_err("exec must fail without sshd");
+    assert!(matches!(err, ExecError::Spawn { .. }), "{err:?}");
+    assert!(
+        err.to_string().starts_with("worker-1: cannot run `true`"),
+        "{err}"
+    );
+    drop(exec);
     let err = remote
         .ping()
         .await
@@ -358,6 +383,7 @@ async fn worker_path_really_goes_through_ssh(info: &TestbedInfo) -> R {
     // sshd back: the worker is reachable again.
     worker::start_sshd(&head, &w.container).await?;
     worker::wait_for_sshd(
+        &head,
         &w.container,
         std::net::SocketAddr::from((w.management_addr, w.ssh_port)),
         Duration::from_secs(15),
@@ -367,4 +393,49 @@ async fn worker_path_really_goes_through_ssh(info: &TestbedInfo) -> R {
     again.ping().await?;
     again.close().await?;
     Ok(())
+}
+
+/// `up` refuses to start when another interface routes the fabric subnet, naming it.
+async fn refuses_a_subnet_routed_elsewhere(opts: &TestbedOptions) -> R {
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output();
+    let _ = ip(&["link", "del", "sd-test0"]);
+    let out = ip(&[
+        "link", "add", "sd-test0", "type", "veth", "peer", "name", "sd-test1",
+    ])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result = async {
+        let out = ip(&["addr", "add", "198.18.0.77/24", "dev", "sd-test0"])?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = ip(&["link", "set", "sd-test0", "up"])?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = cluster::up(opts)
+            .await
+            .expect_err("up must refuse a subnet that is already routed");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("interface sd-test0 already routes 198.18.0.0/24"),
+            "{msg}"
+        );
+        R::Ok(())
+    }
+    .await;
+    let del = ip(&["link", "del", "sd-test0"])?;
+    assert!(
+        del.status.success(),
+        "{}",
+        String::from_utf8_lossy(&del.stderr)
+    );
+    result
 }

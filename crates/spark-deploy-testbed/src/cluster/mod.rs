@@ -295,16 +295,16 @@ async fn build(
     opts: &TestbedOptions,
     started: Instant,
 ) -> Result<TestbedInfo, TestbedError> {
+    // Subnets must be free before anything is created.
+    network::check_subnet_free(labels::FABRIC_SUBNET)?;
+    network::check_subnet_free(labels::MANAGEMENT_SUBNET)?;
+
     // State directory (absolute: the worker disk is mounted at the same path).
     std::fs::create_dir_all(&opts.state_dir).map_err(state_err("create", &opts.state_dir))?;
     let state_dir =
         std::fs::canonicalize(&opts.state_dir).map_err(state_err("create", &opts.state_dir))?;
     std::fs::write(state_dir.join(MARKER), b"spark-deploy testbed state\n")
         .map_err(state_err("write", &state_dir.join(MARKER)))?;
-
-    // Subnets must be free before Docker is asked for them.
-    network::check_subnet_free(labels::FABRIC_SUBNET)?;
-    network::check_subnet_free(labels::MANAGEMENT_SUBNET)?;
 
     // Image (cached by recipe label / rootfs tar).
     let recipe =
@@ -396,6 +396,7 @@ async fn build(
         .map_err(state_err("write", &known_hosts))?;
     for w in &workers {
         worker::wait_for_sshd(
+            docker,
             &w.container,
             SocketAddr::from((w.management_addr, w.ssh_port)),
             opts.sshd_timeout,
