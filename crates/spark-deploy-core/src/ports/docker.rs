@@ -491,11 +491,40 @@ impl DockerNode {
     }
 
     /// Turns an operation error into [`DockerError::TunnelDown`] when the SSH master is gone.
+    ///
+    /// Only transport failures are checked (an answer from the daemon proves the tunnel
+    /// works). The master may need a moment to notice a dead peer, so a live master is
+    /// checked once more after a short pause.
     async fn classify(&self, err: DockerError) -> DockerError {
         let Some(t) = &self.tunnel else {
             return err;
         };
-        match t.session.check().await {
+        // The sources are `Box<BollardError>`, which is what the `dyn Error` holds.
+        let daemon_answered = std::error::Error::source(&err)
+            .and_then(|s| {
+                s.downcast_ref::<Box<BollardError>>()
+                    .map(AsRef::as_ref)
+                    .or_else(|| s.downcast_ref::<BollardError>())
+            })
+            .is_some_and(|b| {
+                matches!(
+                    b,
+                    BollardError::DockerResponseServerError { .. }
+                        | BollardError::DockerStreamError { .. }
+                        | BollardError::DockerContainerWaitError { .. }
+                        | BollardError::JsonDataError { .. }
+                        | BollardError::JsonSerdeError { .. }
+                )
+            });
+        if daemon_answered {
+            return err;
+        }
+        let mut check = t.session.check().await;
+        if check.is_ok() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            check = t.session.check().await;
+        }
+        match check {
             Ok(()) => err,
             Err(e) => DockerError::TunnelDown {
                 node: self.node.clone(),
@@ -1035,6 +1064,22 @@ mod tests {
             v.to_string(),
             "SSH tunnel to root@198.18.1.2:22:/var/run/docker.sock"
         );
+    }
+
+    #[test]
+    fn daemon_answers_are_found_through_the_boxed_source() {
+        let e = DockerError::Ping {
+            node: "n".into(),
+            via: Via::Local {
+                socket: DEFAULT_SOCKET.into(),
+            },
+            source: Box::new(BollardError::DockerResponseServerError {
+                status_code: 500,
+                message: "x".into(),
+            }),
+        };
+        let s = std::error::Error::source(&e).unwrap();
+        assert!(s.downcast_ref::<Box<BollardError>>().is_some());
     }
 
     #[test]
