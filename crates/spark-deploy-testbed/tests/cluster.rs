@@ -163,7 +163,7 @@ async fn ssh_binary_reaches_worker(info: &TestbedInfo) -> R {
 /// The Exec port over SSH: commands, files written on the worker appear in the host dir.
 async fn exec_port_on_worker(info: &TestbedInfo) -> R {
     let w = info.worker();
-    let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
+    let exec = w.exec().await?;
     let out = exec.run(&Cmd::new("hostname")).await?;
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "worker-1");
     let out = exec
@@ -229,7 +229,7 @@ async fn exec_port_on_worker(info: &TestbedInfo) -> R {
 /// Docker calls made through the worker's SSH reach the daemon.
 async fn docker_through_worker_ssh(info: &TestbedInfo) -> R {
     let w = info.worker();
-    let docker = DockerNode::connect(w.name.clone(), &w.node_target()).await?;
+    let docker = w.docker().await?;
     assert!(
         docker
             .via()

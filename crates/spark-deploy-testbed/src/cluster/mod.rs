@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use spark_deploy_core::ports::docker::{DockerError, DockerNode, Removed};
+use spark_deploy_core::ports::exec::{Exec, ExecError};
 use spark_deploy_core::ports::{NodeTarget, SshTarget};
 
 pub use image::ImageSource;
@@ -243,6 +244,43 @@ impl TestbedInfo {
     /// The first worker (the testbed always has at least one).
     pub fn worker(&self) -> &WorkerInfo {
         &self.workers[0]
+    }
+
+    /// The Exec port for the head (`node` = `head`).
+    pub fn head_exec(&self) -> Exec {
+        Exec::local("head")
+    }
+
+    /// The Docker port for the head, on the local daemon socket.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Connect`] when the socket is missing.
+    pub fn head_docker(&self) -> Result<DockerNode, DockerError> {
+        DockerNode::local(
+            "head",
+            Path::new(spark_deploy_core::ports::docker::DEFAULT_SOCKET),
+        )
+    }
+}
+
+impl WorkerInfo {
+    /// Opens the Exec port for this worker over SSH.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecError::Connect`] when the SSH session cannot be opened.
+    pub async fn exec(&self) -> Result<Exec, ExecError> {
+        Exec::connect(self.name.clone(), &self.node_target()).await
+    }
+
+    /// Opens the Docker port for this worker (its daemon socket forwarded over SSH).
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Ssh`], [`DockerError::Forward`] or [`DockerError::Connect`].
+    pub async fn docker(&self) -> Result<DockerNode, DockerError> {
+        DockerNode::connect(self.name.clone(), &self.node_target()).await
     }
 }
 
