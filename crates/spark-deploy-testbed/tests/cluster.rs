@@ -256,7 +256,67 @@ async fn docker_through_worker_ssh(info: &TestbedInfo) -> R {
             .await?
             .is_none()
     );
+    more_streams_than_max_sessions(info, &docker).await?;
     docker.close().await?;
+    Ok(())
+}
+
+/// The worker's sshd keeps OpenSSH's default `MaxSessions 10`, as on a Spark. Each bollard
+/// request opens its own forwarded-socket channel; hold 12 long requests open at once and check
+/// that further calls still go through (forwarding channels are not counted as sessions).
+async fn more_streams_than_max_sessions(info: &TestbedInfo, docker: &DockerNode) -> R {
+    let name = "spark-deploy-testbed-sleeper";
+    docker.remove_container(name).await?;
+    docker
+        .create_container(
+            name,
+            ContainerCreateBody {
+                image: Some(info.image.clone()),
+                cmd: Some(vec!["sleep".into(), "120".into()]),
+                labels: Some(labels::labels("probe")),
+                host_config: Some(HostConfig {
+                    network_mode: Some("none".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await?;
+    docker.start_container(name).await?;
+    let mut waiters = Vec::new();
+    for _ in 0..12 {
+        let d = docker.docker().clone();
+        waiters.push(tokio::spawn(async move {
+            let mut s = d.wait_container(
+                name,
+                Some(
+                    WaitContainerOptionsBuilder::default()
+                        .condition("not-running")
+                        .build(),
+                ),
+            );
+            let mut n = 0;
+            while s.next().await.is_some() {
+                n += 1;
+            }
+            n
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a wait returned early"
+    );
+    for _ in 0..5 {
+        docker.ping().await?;
+    }
+    assert!(docker.inspect_container(name).await?.is_some());
+    // Removing the container ends every wait.
+    assert!(docker.remove_container(name).await?);
+    for w in waiters {
+        let n = tokio::time::timeout(Duration::from_secs(20), w).await??;
+        assert!(n >= 1, "a wait ended without a result");
+    }
     Ok(())
 }
 

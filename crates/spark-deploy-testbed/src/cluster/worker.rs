@@ -114,8 +114,6 @@ pub fn sshd_config() -> String {
          AllowStreamLocalForwarding yes\n\
          AllowTcpForwarding yes\n\
          StreamLocalBindUnlink yes\n\
-         MaxSessions 64\n\
-         MaxStartups 64:30:128\n\
          PidFile /run/sshd.pid\n\
          Subsystem sftp /usr/lib/openssh/sftp-server\n",
         d = SSH_DIR_IN_WORKER
