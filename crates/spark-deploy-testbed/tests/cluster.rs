@@ -21,6 +21,7 @@ use spark_deploy_core::ports::exec::{Cmd, Exec, ExecError};
 use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions, labels, worker};
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+type RS = Result<String, Box<dyn std::error::Error + Send + Sync>>;
 
 fn options() -> TestbedOptions {
     TestbedOptions {
@@ -50,11 +51,9 @@ async fn testbed_cluster_end_to_end() {
         assert_eq!(info.image_source, cluster::ImageSource::Reused);
         assert!(warm < Duration::from_secs(60), "warm up took {warm:?}");
         worker_path_really_goes_through_ssh(&info).await?;
-        std::fs::write(
-            std::env::temp_dir().join("spark-deploy-testbed-timings.txt"),
-            format!("first_up={cold:?} ({first_image:?}) second_up={warm:?}\n"),
-        )?;
-        R::Ok(())
+        RS::Ok(format!(
+            "first_up={cold:?} ({first_image:?}) second_up={warm:?}"
+        ))
     };
     let outcome = tokio::time::timeout(
         Duration::from_secs(900),
@@ -63,14 +62,23 @@ async fn testbed_cluster_end_to_end() {
     .await;
 
     // Always tear down, then check that nothing labelled is left.
+    let t_down = Instant::now();
     let down = cluster::down(&opts).await;
+    let t_down = t_down.elapsed();
     let leftovers = leftovers().await;
 
     match outcome {
         Err(_) => panic!("testbed scenarios timed out after 900 s"),
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
         Ok(Ok(Err(e))) => panic!("testbed scenario failed: {e}\n{e:?}"),
-        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Ok(timings))) => {
+            // Kept next to the build for CI logs and the README's numbers.
+            std::fs::write(
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("testbed-timings.txt"),
+                format!("{timings} down={t_down:?}\n"),
+            )
+            .expect("write timings");
+        }
     }
     let report = down.expect("down");
     assert!(report.state_dir_removed);
