@@ -21,6 +21,7 @@ use spark_deploy_core::ports::exec::{Cmd, Exec, ExecError};
 use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions, labels, worker};
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+type RS = Result<String, Box<dyn std::error::Error + Send + Sync>>;
 
 fn options() -> TestbedOptions {
     TestbedOptions {
@@ -33,6 +34,7 @@ fn options() -> TestbedOptions {
 async fn testbed_cluster_end_to_end() {
     let opts = options();
     let scenarios = async {
+        refuses_a_subnet_routed_elsewhere(&opts).await?;
         let t0 = Instant::now();
         let info = cluster::up(&opts).await?;
         let cold = t0.elapsed();
@@ -49,11 +51,9 @@ async fn testbed_cluster_end_to_end() {
         assert_eq!(info.image_source, cluster::ImageSource::Reused);
         assert!(warm < Duration::from_secs(60), "warm up took {warm:?}");
         worker_path_really_goes_through_ssh(&info).await?;
-        std::fs::write(
-            std::env::temp_dir().join("spark-deploy-testbed-timings.txt"),
-            format!("first_up={cold:?} ({first_image:?}) second_up={warm:?}\n"),
-        )?;
-        R::Ok(())
+        RS::Ok(format!(
+            "first_up={cold:?} ({first_image:?}) second_up={warm:?}"
+        ))
     };
     let outcome = tokio::time::timeout(
         Duration::from_secs(900),
@@ -62,14 +62,23 @@ async fn testbed_cluster_end_to_end() {
     .await;
 
     // Always tear down, then check that nothing labelled is left.
+    let t_down = Instant::now();
     let down = cluster::down(&opts).await;
+    let t_down = t_down.elapsed();
     let leftovers = leftovers().await;
 
     match outcome {
         Err(_) => panic!("testbed scenarios timed out after 900 s"),
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
         Ok(Ok(Err(e))) => panic!("testbed scenario failed: {e}\n{e:?}"),
-        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Ok(timings))) => {
+            // Kept next to the build for CI logs and the README's numbers.
+            std::fs::write(
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("testbed-timings.txt"),
+                format!("{timings} down={t_down:?}\n"),
+            )
+            .expect("write timings");
+        }
     }
     let report = down.expect("down");
     assert!(report.state_dir_removed);
@@ -162,7 +171,7 @@ async fn ssh_binary_reaches_worker(info: &TestbedInfo) -> R {
 /// The Exec port over SSH: commands, files written on the worker appear in the host dir.
 async fn exec_port_on_worker(info: &TestbedInfo) -> R {
     let w = info.worker();
-    let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
+    let exec = w.exec().await?;
     let out = exec.run(&Cmd::new("hostname")).await?;
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "worker-1");
     let out = exec
@@ -200,6 +209,18 @@ async fn exec_port_on_worker(info: &TestbedInfo) -> R {
     let msg = err.to_string();
     assert!(msg.starts_with("worker-1: `cat -- "), "{msg}");
     assert!(msg.contains("No such file"), "{msg}");
+    // A few MiB through stdin, to exercise the pipes both ways.
+    let big: Vec<u8> = (0..3 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let big_path = w.disk_dir.join("exec/big.bin");
+    exec.write_file(&big_path, &big).await?;
+    assert_eq!(std::fs::read(&big_path)?.len(), big.len());
+    assert!(exec.read_file(&big_path).await? == big, "big file differs");
+
+    // One SSH master can carry both ports.
+    let session = exec.ssh_session().expect("worker exec is over ssh").clone();
+    let docker = DockerNode::over_ssh(session, Path::new("/var/run/docker.sock")).await?;
+    docker.ping().await?;
+    docker.close().await?;
     exec.close().await?;
 
     // A wrong known_hosts makes the port refuse to connect.
@@ -216,7 +237,7 @@ async fn exec_port_on_worker(info: &TestbedInfo) -> R {
 /// Docker calls made through the worker's SSH reach the daemon.
 async fn docker_through_worker_ssh(info: &TestbedInfo) -> R {
     let w = info.worker();
-    let docker = DockerNode::connect(w.name.clone(), &w.node_target()).await?;
+    let docker = w.docker().await?;
     assert!(
         docker
             .via()
@@ -243,7 +264,67 @@ async fn docker_through_worker_ssh(info: &TestbedInfo) -> R {
             .await?
             .is_none()
     );
+    more_streams_than_max_sessions(info, &docker).await?;
     docker.close().await?;
+    Ok(())
+}
+
+/// The worker's sshd keeps OpenSSH's default `MaxSessions 10`, as on a Spark. Each bollard
+/// request opens its own forwarded-socket channel; hold 12 long requests open at once and check
+/// that further calls still go through (forwarding channels are not counted as sessions).
+async fn more_streams_than_max_sessions(info: &TestbedInfo, docker: &DockerNode) -> R {
+    let name = "spark-deploy-testbed-sleeper";
+    docker.remove_container(name).await?;
+    docker
+        .create_container(
+            name,
+            ContainerCreateBody {
+                image: Some(info.image.clone()),
+                cmd: Some(vec!["sleep".into(), "120".into()]),
+                labels: Some(labels::labels("probe")),
+                host_config: Some(HostConfig {
+                    network_mode: Some("none".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await?;
+    docker.start_container(name).await?;
+    let mut waiters = Vec::new();
+    for _ in 0..12 {
+        let d = docker.docker().clone();
+        waiters.push(tokio::spawn(async move {
+            let mut s = d.wait_container(
+                name,
+                Some(
+                    WaitContainerOptionsBuilder::default()
+                        .condition("not-running")
+                        .build(),
+                ),
+            );
+            let mut n = 0;
+            while s.next().await.is_some() {
+                n += 1;
+            }
+            n
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a wait returned early"
+    );
+    for _ in 0..5 {
+        docker.ping().await?;
+    }
+    assert!(docker.inspect_container(name).await?.is_some());
+    // Removing the container ends every wait.
+    assert!(docker.remove_container(name).await?);
+    for w in waiters {
+        let n = tokio::time::timeout(Duration::from_secs(20), w).await??;
+        assert!(n >= 1, "a wait ended without a result");
+    }
     Ok(())
 }
 
@@ -322,8 +403,20 @@ async fn worker_path_really_goes_through_ssh(info: &TestbedInfo) -> R {
     let head = DockerNode::local("head", Path::new("/var/run/docker.sock"))?;
     let remote = DockerNode::connect(w.name.clone(), &w.node_target()).await?;
     remote.ping().await?;
+    let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
+    exec.run(&Cmd::new("true")).await?;
 
     worker::stop_sshd(&head, &w.container).await?;
+    let err = exec
+        .run(&Cmd::new("true"))
+        .await
+        .expect_err("exec must fail without sshd");
+    assert!(matches!(err, ExecError::Spawn { .. }), "{err:?}");
+    assert!(
+        err.to_string().starts_with("worker-1: cannot run `true`"),
+        "{err}"
+    );
+    drop(exec);
     let err = remote
         .ping()
         .await
@@ -358,6 +451,7 @@ async fn worker_path_really_goes_through_ssh(info: &TestbedInfo) -> R {
     // sshd back: the worker is reachable again.
     worker::start_sshd(&head, &w.container).await?;
     worker::wait_for_sshd(
+        &head,
         &w.container,
         std::net::SocketAddr::from((w.management_addr, w.ssh_port)),
         Duration::from_secs(15),
@@ -367,4 +461,56 @@ async fn worker_path_really_goes_through_ssh(info: &TestbedInfo) -> R {
     again.ping().await?;
     again.close().await?;
     Ok(())
+}
+
+/// `up` refuses to start when another interface routes the fabric subnet, naming it.
+async fn refuses_a_subnet_routed_elsewhere(opts: &TestbedOptions) -> R {
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output();
+    let _ = ip(&["link", "del", "sd-test0"]);
+    let out = ip(&[
+        "link", "add", "sd-test0", "type", "veth", "peer", "name", "sd-test1",
+    ])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Deleted however this function ends (a failed assertion unwinds through it).
+    struct Veth;
+    impl Drop for Veth {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip")
+                .args(["link", "del", "sd-test0"])
+                .output();
+        }
+    }
+    let veth = Veth;
+    let result = async {
+        let out = ip(&["addr", "add", "198.18.0.77/24", "dev", "sd-test0"])?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = ip(&["link", "set", "sd-test0", "up"])?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = cluster::up(opts)
+            .await
+            .expect_err("up must refuse a subnet that is already routed");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("interface sd-test0 already routes 198.18.0.0/24"),
+            "{msg}"
+        );
+        R::Ok(())
+    }
+    .await;
+    drop(veth);
+    let routes = std::fs::read_to_string("/proc/net/route")?;
+    assert!(!routes.contains("sd-test0"), "sd-test0 left behind");
+    result
 }

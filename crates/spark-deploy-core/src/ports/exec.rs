@@ -10,6 +10,10 @@
 //! No method adds a timeout: wrap calls in `tokio::time::timeout` where a bound is needed.
 //! Over SSH (process-mux) a remote exit status of 255 is reported as an SSH failure and 127
 //! as "command not found" by the `openssh` crate, so remote scripts must not use those codes.
+//! Each remote command is an SSH session channel, and sshd allows `MaxSessions` (default 10)
+//! of those per connection: bound concurrent commands on one node below that. (The Docker
+//! port's forwarded-socket channels are not sessions and do not count; the testbed test holds
+//! 12 Docker streams open against the default limit.)
 
 use std::fmt;
 use std::io;

@@ -13,6 +13,10 @@ pub mod docker;
 pub mod exec;
 pub mod ssh;
 
+pub use docker::{DockerError, DockerNode};
+pub use exec::{Cmd, Exec, ExecError};
+pub use ssh::{SshError, SshSession};
+
 use std::path::PathBuf;
 use std::time::Duration;
 

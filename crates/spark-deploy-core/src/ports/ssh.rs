@@ -119,7 +119,13 @@ impl SshSession {
             path,
             source,
         })?;
-        let config = dir.join(format!("ssh_config-{}", sanitize(&node)));
+        // Read by the master at start only; unique per connection, removed afterwards.
+        let config = dir.join(format!(
+            "ssh_config-{}-{}-{}",
+            sanitize(&node),
+            std::process::id(),
+            next_config_id()
+        ));
         write_private(&config, ssh_config(target).as_bytes()).map_err(|source| {
             SshError::ControlDir {
                 node: node.clone(),
@@ -141,17 +147,16 @@ impl SshSession {
                 NonZeroUsize::new(usize::try_from(CONTROL_PERSIST_IDLE.as_secs()).unwrap_or(1800))
                     .unwrap_or(NonZeroUsize::MIN),
             ));
-        let session = b
-            .connect(&target.destination)
-            .await
-            .map_err(|source| SshError::Connect {
-                node: node.clone(),
-                destination: target.destination.clone(),
-                port: target.port,
-                known_hosts: target.known_hosts.clone(),
-                identity: target.identity_file.clone(),
-                source,
-            })?;
+        let session = b.connect(&target.destination).await;
+        let _ = std::fs::remove_file(&config);
+        let session = session.map_err(|source| SshError::Connect {
+            node: node.clone(),
+            destination: target.destination.clone(),
+            port: target.port,
+            known_hosts: target.known_hosts.clone(),
+            identity: target.identity_file.clone(),
+            source,
+        })?;
         Ok(Self {
             node,
             target: target.clone(),
@@ -240,6 +245,12 @@ pub(crate) fn sanitize(node: &str) -> String {
             }
         })
         .collect()
+}
+
+fn next_config_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 fn write_private(path: &Path, contents: &[u8]) -> io::Result<()> {

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use spark_deploy_core::ports::docker::{DockerError, DockerNode, Removed};
+use spark_deploy_core::ports::exec::{Exec, ExecError};
 use spark_deploy_core::ports::{NodeTarget, SshTarget};
 
 pub use image::ImageSource;
@@ -244,6 +245,43 @@ impl TestbedInfo {
     pub fn worker(&self) -> &WorkerInfo {
         &self.workers[0]
     }
+
+    /// The Exec port for the head (`node` = `head`).
+    pub fn head_exec(&self) -> Exec {
+        Exec::local("head")
+    }
+
+    /// The Docker port for the head, on the local daemon socket.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Connect`] when the socket is missing.
+    pub fn head_docker(&self) -> Result<DockerNode, DockerError> {
+        DockerNode::local(
+            "head",
+            Path::new(spark_deploy_core::ports::docker::DEFAULT_SOCKET),
+        )
+    }
+}
+
+impl WorkerInfo {
+    /// Opens the Exec port for this worker over SSH.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecError::Connect`] when the SSH session cannot be opened.
+    pub async fn exec(&self) -> Result<Exec, ExecError> {
+        Exec::connect(self.name.clone(), &self.node_target()).await
+    }
+
+    /// Opens the Docker port for this worker (its daemon socket forwarded over SSH).
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Ssh`], [`DockerError::Forward`] or [`DockerError::Connect`].
+    pub async fn docker(&self) -> Result<DockerNode, DockerError> {
+        DockerNode::connect(self.name.clone(), &self.node_target()).await
+    }
 }
 
 fn state_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> TestbedError {
@@ -295,16 +333,16 @@ async fn build(
     opts: &TestbedOptions,
     started: Instant,
 ) -> Result<TestbedInfo, TestbedError> {
+    // Subnets must be free before anything is created.
+    network::check_subnet_free(labels::FABRIC_SUBNET)?;
+    network::check_subnet_free(labels::MANAGEMENT_SUBNET)?;
+
     // State directory (absolute: the worker disk is mounted at the same path).
     std::fs::create_dir_all(&opts.state_dir).map_err(state_err("create", &opts.state_dir))?;
     let state_dir =
         std::fs::canonicalize(&opts.state_dir).map_err(state_err("create", &opts.state_dir))?;
     std::fs::write(state_dir.join(MARKER), b"spark-deploy testbed state\n")
         .map_err(state_err("write", &state_dir.join(MARKER)))?;
-
-    // Subnets must be free before Docker is asked for them.
-    network::check_subnet_free(labels::FABRIC_SUBNET)?;
-    network::check_subnet_free(labels::MANAGEMENT_SUBNET)?;
 
     // Image (cached by recipe label / rootfs tar).
     let recipe =
@@ -396,6 +434,7 @@ async fn build(
         .map_err(state_err("write", &known_hosts))?;
     for w in &workers {
         worker::wait_for_sshd(
+            docker,
             &w.container,
             SocketAddr::from((w.management_addr, w.ssh_port)),
             opts.sshd_timeout,

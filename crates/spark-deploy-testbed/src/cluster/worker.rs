@@ -47,7 +47,8 @@ pub enum WorkerError {
     /// sshd did not answer in time.
     #[error(
         "{container}: sshd did not answer on {addr} within {waited:?}: {last} \
-         (remedy: look at `docker logs {container}`)"
+         (remedy: check the container's log below and that nothing else uses the testbed \
+         subnets); last log lines:\n{logs}"
     )]
     SshdNotReady {
         /// Container name.
@@ -58,6 +59,8 @@ pub enum WorkerError {
         waited: Duration,
         /// The last probe error.
         last: String,
+        /// The last lines of the container's log (sshd logs to stderr).
+        logs: String,
     },
     /// A command run with `docker exec` failed.
     #[error("{container}: `{command}` failed: {detail}")]
@@ -111,8 +114,6 @@ pub fn sshd_config() -> String {
          AllowStreamLocalForwarding yes\n\
          AllowTcpForwarding yes\n\
          StreamLocalBindUnlink yes\n\
-         MaxSessions 64\n\
-         MaxStartups 64:30:128\n\
          PidFile /run/sshd.pid\n\
          Subsystem sftp /usr/lib/openssh/sftp-server\n",
         d = SSH_DIR_IN_WORKER
@@ -229,12 +230,14 @@ pub async fn create_and_start(docker: &DockerNode, spec: &WorkerSpec) -> Result<
     Ok(())
 }
 
-/// Waits until sshd at `addr` sends its `SSH-2.0-` banner.
+/// Waits until sshd at `addr` sends its `SSH-2.0-` banner; on timeout the error carries the
+/// container's last log lines.
 ///
 /// # Errors
 ///
 /// [`WorkerError::SshdNotReady`] after `timeout`.
 pub async fn wait_for_sshd(
+    docker: &DockerNode,
     container: &str,
     addr: SocketAddr,
     timeout: Duration,
@@ -254,7 +257,31 @@ pub async fn wait_for_sshd(
         addr,
         waited: timeout,
         last,
+        logs: logs_tail(docker, container, 30).await,
     })
+}
+
+/// The last `lines` lines of a container's log (stdout and stderr), or why they are missing.
+pub async fn logs_tail(docker: &DockerNode, container: &str, lines: usize) -> String {
+    use bollard::query_parameters::LogsOptionsBuilder;
+    use futures::StreamExt;
+    let opts = LogsOptionsBuilder::default()
+        .stdout(true)
+        .stderr(true)
+        .tail(&lines.to_string())
+        .build();
+    let mut stream = docker.docker().logs(container, Some(opts));
+    let mut text = String::new();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(chunk) => text.push_str(&chunk.to_string()),
+            Err(e) => {
+                text.push_str(&format!("(log unavailable: {e})"));
+                break;
+            }
+        }
+    }
+    text
 }
 
 async fn banner(addr: SocketAddr) -> io::Result<Vec<u8>> {
