@@ -168,10 +168,10 @@ impl Fields<'_> {
             .get(key)?
             .as_array()
             .ok_or_else(|| self.invalid(key, "is not a list"))?;
-        if let Some(max) = max_len {
-            if arr.len() > max {
-                return Err(self.invalid(key, &format!("lists {} ids, at most {max}", arr.len())));
-            }
+        if let Some(max) = max_len
+            && arr.len() > max
+        {
+            return Err(self.invalid(key, &format!("lists {} ids, at most {max}", arr.len())));
         }
         arr.iter()
             .map(|v| {

@@ -392,7 +392,8 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
             k16,
             n16,
         } => {
-            let tile_ok = |r: &(usize, usize)| r.0 % 16 == 0 && r.1 % 16 == 0 && r.0 < r.1;
+            let tile_ok =
+                |r: &(usize, usize)| r.0.is_multiple_of(16) && r.1.is_multiple_of(16) && r.0 < r.1;
             for r in cols.iter().chain(rows.iter()) {
                 if !tile_ok(r) {
                     return Err(format!(
@@ -432,15 +433,15 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
                             n0 + nt
                         ));
                     }
-                    if let Some(k) = k16 {
-                        if *k != kt {
-                            return Err(format!("K/16 is {kt}, the plan expects {k}"));
-                        }
+                    if let Some(k) = k16
+                        && *k != kt
+                    {
+                        return Err(format!("K/16 is {kt}, the plan expects {k}"));
                     }
-                    if let Some(n) = n16 {
-                        if *n != nt {
-                            return Err(format!("N/16 is {nt}, the plan expects {n}"));
-                        }
+                    if let Some(n) = n16
+                        && *n != nt
+                    {
+                        return Err(format!("N/16 is {nt}, the plan expects {n}"));
                     }
                     let shape = vec![kt, nt, words];
                     let base = t.offset + k0 as u64 * row;
@@ -591,13 +592,16 @@ fn fill_chunk(
     Ok(())
 }
 
+/// Receives each filled chunk with its data offset (write it, or compare it).
+type ChunkSink<'a> = dyn Fn(u64, &[u8]) -> Result<(), RankCacheError> + Sync + 'a;
+
 /// Runs `sink` on every chunk of the data section, chunks filled in parallel from the checkpoint.
 fn for_each_chunk(
     plan: &RankCachePlan,
     opts: &RankCacheOptions,
     phase: RankCachePhase,
     progress: ProgressFn<'_>,
-    sink: &(dyn Fn(u64, &[u8]) -> Result<(), RankCacheError> + Sync),
+    sink: &ChunkSink<'_>,
 ) -> Result<(), RankCacheError> {
     let files = plan
         .checkpoint

@@ -463,7 +463,7 @@ pub fn build_header(
         at += len;
     }
     let mut text = serde_json::to_vec(&Value::Object(obj)).unwrap_or_default();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut out = (text.len() as u64).to_le_bytes().to_vec();

@@ -167,7 +167,7 @@ impl Split {
     /// `total / world`, refusing a remainder or a part that is not a multiple of `tile`.
     fn part(&self, what: &'static str, total: usize, tile: usize) -> Result<usize, SplitPlanError> {
         let per = total / self.world;
-        if total % self.world != 0 || per % tile != 0 {
+        if !total.is_multiple_of(self.world) || !per.is_multiple_of(tile) {
             return Err(SplitPlanError::Indivisible {
                 what,
                 value: total,
@@ -198,7 +198,7 @@ pub fn plan(
     // Validate every split quantity up front (each boundary a multiple of 16).
     let heads_per = s.part("num_attention_heads", c.heads, 1)?;
     let q_cols = heads_per * c.head_dim;
-    if q_cols % 16 != 0 {
+    if !q_cols.is_multiple_of(16) {
         return Err(SplitPlanError::Indivisible {
             what: "num_attention_heads × head_dim",
             value: c.heads * c.head_dim,
@@ -208,7 +208,7 @@ pub fn plan(
     }
     let groups_per = s.part("o_groups", c.o_groups, 1)?;
     let wo_b_rows = groups_per * c.o_lora;
-    if wo_b_rows % 16 != 0 {
+    if !wo_b_rows.is_multiple_of(16) {
         return Err(SplitPlanError::Indivisible {
             what: "o_groups × o_lora_rank",
             value: c.o_groups * c.o_lora,
@@ -224,7 +224,7 @@ pub fn plan(
         let cols = c.engram_ngram.saturating_sub(1) * c.engram_heads;
         let per = s.part("(engram_max_ngram_size − 1) × engram_n_heads", cols, 1)?;
         let rows = per * c.engram_head_dim;
-        if rows % 16 != 0 {
+        if !rows.is_multiple_of(16) {
             return Err(SplitPlanError::Indivisible {
                 what: "engram hash rows",
                 value: cols * c.engram_head_dim,
