@@ -27,7 +27,7 @@ pub(crate) fn write_kit(
     original_dir: &Path,
     kit_dir: &Path,
 ) -> Result<(), CheckpointError> {
-    let mut rng = Rng::new(spec.seed ^ 0x6b69_74);
+    let mut rng = Rng::new(spec.seed ^ 0x006b_6974);
     let config = ModelConfig::read(model_dir).map_err(|e| inputs("the kit")(e.to_string()))?;
     rope::write_rope_tables(&config, kit_dir, None)
         .map_err(|e| inputs("the RoPE tables")(e.to_string()))?;
