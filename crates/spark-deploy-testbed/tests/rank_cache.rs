@@ -566,7 +566,7 @@ fn write_safetensors(path: &Path, tensors: &[(&str, &str, Vec<usize>, Vec<u8>)])
         at += data.len();
     }
     let mut text = serde_json::to_vec(&Value::Object(h)).unwrap();
-    while text.len() % 8 != 0 {
+    while !text.len().is_multiple_of(8) {
         text.push(b' ');
     }
     let mut b = (text.len() as u64).to_le_bytes().to_vec();
