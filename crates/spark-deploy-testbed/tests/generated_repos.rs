@@ -55,7 +55,10 @@ fn engram_tables_and_bias_vl_are_where_the_engine_looks() {
                     .iter()
                     .map(|d| d.as_u64().unwrap())
                     .collect();
-                found.insert(name.clone(), (v["dtype"].as_str().unwrap().to_owned(), shape));
+                found.insert(
+                    name.clone(),
+                    (v["dtype"].as_str().unwrap().to_owned(), shape),
+                );
             }
             if name.ends_with(".ffn.gate.bias_vl") {
                 bias_vl_count += 1;

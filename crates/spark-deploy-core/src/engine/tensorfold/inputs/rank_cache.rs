@@ -136,6 +136,10 @@ pub struct RankCacheOptions {
     pub chunk_bytes: usize,
     /// Behaviour when a file for this rank already exists.
     pub existing: ExistingRankFile,
+    /// What the checkpoint is (e.g. `repo@revision`, plus the ABLIT overlay's identity), recorded
+    /// in the sidecar. The file name alone cannot tell two revisions (or a base and an ABLIT
+    /// build) with the same shapes apart: the index holds no content hash.
+    pub source_label: Option<String>,
 }
 
 impl Default for RankCacheOptions {
@@ -147,6 +151,7 @@ impl Default for RankCacheOptions {
             threads: 4,
             chunk_bytes: 8 << 20,
             existing: ExistingRankFile::Refuse,
+            source_label: None,
         }
     }
 }
@@ -255,6 +260,25 @@ impl RankCachePlan {
         self.data_bytes + self.index_json.len() as u64 + 16
     }
 
+    /// The sidecar written next to a built file (`<file>.source.json`): the index hash, the split,
+    /// and `source_label`.
+    #[must_use]
+    pub fn sidecar_json(&self, source_label: Option<&str>, overlay: Option<&Path>) -> String {
+        use sha2::Digest;
+        serde_json::json!({
+            "file": self.file_name,
+            "index_sha256": hex::encode(sha2::Sha256::digest(self.index_json.as_bytes())),
+            "entries": self.entries.len(),
+            "data_bytes": self.data_bytes,
+            "rank": self.rank,
+            "world": self.world,
+            "dspark": self.dspark,
+            "overlay": overlay.map(|p| p.display().to_string()),
+            "source": source_label,
+        })
+        .to_string()
+    }
+
     /// The summary line the reference writer prints (`{"file", "entries", ...}`), for this plan
     /// written to `file`.
     #[must_use]
@@ -288,6 +312,7 @@ pub fn plan_rank_cache(
     opts: &RankCacheOptions,
 ) -> Result<RankCachePlan, RankCacheError> {
     let config = ModelConfig::read(model_dir)?;
+    config.check_model_kind(&model_dir.join("config.json"))?;
     if opts.engine_shape_guard {
         config.check_engine_shapes(&model_dir.join("config.json"))?;
     }
@@ -780,14 +805,46 @@ pub fn build_rank_cache(
         for old in existing {
             let to = aside.join(old.file_name().unwrap_or_default());
             std::fs::rename(&old, &to).map_err(io("move aside", &old))?;
+            let side = sidecar_path(&old);
+            if side.exists() {
+                let to = aside.join(side.file_name().unwrap_or_default());
+                std::fs::rename(&side, &to).map_err(io("move aside", &side))?;
+            }
         }
     }
     let dest = out_dir.join(&plan.file_name);
     std::fs::rename(&partial, &dest).map_err(io("rename", &partial))?;
+    let side = sidecar_path(&dest);
+    let side_tmp = out_dir.join(format!(
+        ".{}.partial",
+        side.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    std::fs::write(
+        &side_tmp,
+        plan.sidecar_json(opts.source_label.as_deref(), opts.overlay.as_deref()),
+    )
+    .map_err(io("write", &side_tmp))?;
+    std::fs::rename(&side_tmp, &side).map_err(io("rename", &side_tmp))?;
     File::open(out_dir)
         .and_then(|d| d.sync_all())
         .map_err(io("fsync", out_dir))?;
     Ok(dest)
+}
+
+/// `<rank file>.source.json`: the sidecar a build leaves next to the rank file (the engine only
+/// looks at `*.bin`).
+#[must_use]
+pub fn sidecar_path(rank_file: &Path) -> PathBuf {
+    let mut name = rank_file.file_name().unwrap_or_default().to_os_string();
+    name.push(".source.json");
+    rank_file.with_file_name(name)
+}
+
+/// The sidecar of a rank file, if present and readable.
+#[must_use]
+pub fn read_sidecar(rank_file: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read(sidecar_path(rank_file)).ok()?;
+    serde_json::from_slice(&text).ok()
 }
 
 /// How deep [`verify_rank_cache`] looks.
