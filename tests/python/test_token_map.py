@@ -80,3 +80,23 @@ def test_word_level_tokenizer_without_decoder(sd_inputs, tmp_path):
     (model / "config.json").write_text(json.dumps({"text_config": {"engram_compressed_vocab_size": count}}))
     _, _, ours, ref = both(sd_inputs, model, tmp_path)
     assert ours.read_bytes() == ref.read_bytes()
+
+
+def test_byte_level_added_tokens_go_through_the_decoder(sd_inputs, tmp_path):
+    from tokenizers import decoders
+    # "Ġ" is byte 0x20 in the byte-level alphabet: an added "ĠHello" decodes to " Hello"
+    vocab = {"a": 0, "A": 1, "Ã": 2, "©": 3, "Ã©": 4, "Ġ": 5, "ĠĠ": 6}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ã", "©"), ("Ġ", "Ġ")]))
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens(["ĠHello", "hello", "<|x y|>"])
+    tok.add_special_tokens(["ĠSpecial", "<s>"])
+    model = tmp_path / "model"
+    model.mkdir()
+    tok.save(str(model / "tokenizer.json"))
+    (model / "config.json").write_text(json.dumps({"text_config": {}}))
+    run(sys.executable, REF, model, tmp_path / "probe.json")
+    ids = json.loads((tmp_path / "probe.json").read_text())
+    assert ids[7] == ids[8], "' Hello' and 'hello' share a key"
+    (model / "config.json").write_text(json.dumps({"engram_compressed_vocab_size": len(set(ids))}))
+    _, _, ours, ref = both(sd_inputs, model, tmp_path)
+    assert ours.read_bytes() == ref.read_bytes()

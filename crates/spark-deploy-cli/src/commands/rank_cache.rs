@@ -68,6 +68,9 @@ pub(crate) struct Target {
     /// Copy threads.
     #[arg(long, default_value_t = 4)]
     pub(crate) threads: usize,
+    /// What the checkpoint is (e.g. `repo@revision`), recorded in `<file>.source.json`.
+    #[arg(long)]
+    pub(crate) source_label: Option<String>,
 }
 
 impl Target {
@@ -77,6 +80,7 @@ impl Target {
             engine_shape_guard: !self.test_scale,
             overlay: self.overlay.clone(),
             threads: self.threads,
+            source_label: self.source_label.clone(),
             ..RankCacheOptions::default()
         }
     }
