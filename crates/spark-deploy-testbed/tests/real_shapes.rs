@@ -1,4 +1,5 @@
 //! Index-only planning for the real DeepSeek-V4.1-Flash shapes, on a sparse checkpoint (real
+#![allow(clippy::print_stderr)]
 //! headers, data as holes): the engine's shape guard passes and the index pins of
 //! ENGINE-CONTRACT.md §4.1 / §5.2 hold at the resolved (dtype, shape, bytes) level.
 
