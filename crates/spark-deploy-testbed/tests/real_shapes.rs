@@ -1,7 +1,7 @@
 //! Index-only planning for the real DeepSeek-V4.1-Flash shapes, on a sparse checkpoint (real
-#![allow(clippy::print_stderr)]
 //! headers, data as holes): the engine's shape guard passes and the index pins of
 //! ENGINE-CONTRACT.md §4.1 / §5.2 hold at the resolved (dtype, shape, bytes) level.
+#![allow(clippy::print_stderr)]
 
 use spark_deploy_core::engine::tensorfold::inputs::{RankCacheOptions, plan_rank_cache};
 use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate_sparse_model};
