@@ -13,7 +13,7 @@
 //! reads and writes on a few scoped threads): call it from `tokio::task::spawn_blocking` in async
 //! code. Memory: the plan (about 170 MB for the real checkpoint's 143,770 entries) plus, per copy
 //! thread, one chunk and at most one scratch buffer (`RankCacheOptions::chunk_bytes`, 8 MiB by
-//! default; strided reads use up to 4 chunks of scratch).
+//! default; strided reads use about 2 chunks of scratch).
 
 pub mod bias_vl;
 pub mod dtype;

@@ -555,7 +555,9 @@ fn copy_piece(
             let span0 = src_of(p0);
             let span1 = offset + r1 * stride + (p1 - r1 * run);
             let span = span1 - span0;
-            if span <= (dst.len() as u64 * 4).max(4 << 20) {
+            // one read covering every run when that reads at most about twice what is kept
+            // (column halves); otherwise a read a run
+            if span <= dst.len() as u64 * 2 + 2 * stride {
                 scratch.resize(span as usize, 0);
                 files[shard].read_exact_at(scratch, span0)?;
                 let mut p = p0;
@@ -974,4 +976,95 @@ pub fn verify_rank_cache(
         for_each_chunk(plan, opts, RankCachePhase::Verify, progress, &sink)?;
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(source: SourceRange, bytes: u64) -> PlannedEntry {
+        PlannedEntry {
+            row: IndexRow {
+                key: "k".into(),
+                dtype: DType::U8,
+                shape: vec![bytes as usize],
+                offset: 0,
+                bytes,
+            },
+            tensor: "t".into(),
+            source,
+        }
+    }
+
+    #[test]
+    fn strided_pieces_by_one_read_and_by_runs() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("src");
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let files = vec![File::open(&p).unwrap()];
+        // (run, stride): dense runs (one covering read) and sparse runs (a read a run)
+        for (run, stride) in [(8u64, 12u64), (8, 64), (5, 40)] {
+            let count = 4000 / stride;
+            let e = entry(
+                SourceRange::Strided {
+                    shard: 0,
+                    offset: 16,
+                    run,
+                    stride,
+                    count,
+                },
+                run * count,
+            );
+            let want: Vec<u8> = (0..count)
+                .flat_map(|r| {
+                    data[(16 + r * stride) as usize..(16 + r * stride + run) as usize].to_vec()
+                })
+                .collect();
+            let mut scratch = Vec::new();
+            for (p0, p1) in [
+                (0, run * count),
+                (3, 3 + run),
+                (run - 1, run * 7 + 2),
+                (run * 2, run * 3),
+            ] {
+                let mut dst = vec![0u8; (p1 - p0) as usize];
+                copy_piece(&e, &files, p0, p1, &mut dst, &mut scratch).unwrap();
+                assert_eq!(
+                    dst,
+                    want[p0 as usize..p1 as usize],
+                    "run {run} stride {stride} [{p0}, {p1})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn widening_pieces_start_and_end_inside_values() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("src");
+        let halves: Vec<u16> = vec![0x3c00, 0xc000, 0x0001, 0x7bff, 0x8400, 0x3555];
+        let data: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+        std::fs::write(&p, &data).unwrap();
+        let files = vec![File::open(&p).unwrap()];
+        let e = entry(
+            SourceRange::WidenF16 {
+                shard: 0,
+                offset: 0,
+            },
+            24,
+        );
+        let want: Vec<u8> = halves
+            .iter()
+            .flat_map(|h| f16_to_f32_bits(*h).to_le_bytes())
+            .collect();
+        assert_eq!(f32::from_le_bytes(want[0..4].try_into().unwrap()), 1.0);
+        assert_eq!(f32::from_le_bytes(want[4..8].try_into().unwrap()), -2.0);
+        let mut scratch = Vec::new();
+        for (p0, p1) in [(0u64, 24u64), (1, 23), (5, 6), (7, 13)] {
+            let mut dst = vec![0u8; (p1 - p0) as usize];
+            copy_piece(&e, &files, p0, p1, &mut dst, &mut scratch).unwrap();
+            assert_eq!(dst, want[p0 as usize..p1 as usize], "[{p0}, {p1})");
+        }
+    }
 }
