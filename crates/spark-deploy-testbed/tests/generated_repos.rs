@@ -135,7 +135,8 @@ fn bias_vl_file_copies_the_tensors_byte_for_byte() {
         n += 1;
     }
     assert_eq!(n, r.tensors);
-    // the kit's copy is the same file
+    // the kit's copy is the same file, and the kit's MANIFEST vouches for it
+    assert!(kit::check_file(&g.kit_dir, "vision/gate_bias_vl.safetensors").unwrap());
     assert_eq!(
         std::fs::read(g.kit_dir.join("vision/gate_bias_vl.safetensors")).unwrap(),
         bytes
