@@ -323,7 +323,7 @@ pub fn plan_rank_cache(
     }
     let mut entries = Vec::with_capacity(wants.len());
     let mut at = 0u64;
-    for w in &wants {
+    for w in wants {
         let t = checkpoint
             .get(&w.tensor)
             .ok_or_else(|| RankCacheError::MissingTensor {
@@ -332,7 +332,7 @@ pub fn plan_rank_cache(
                 tensor: w.tensor.clone(),
                 model_dir: model_dir.to_path_buf(),
             })?;
-        let (dtype, shape, source) = resolve(w, t).map_err(|problem| RankCacheError::Layout {
+        let (dtype, shape, source) = resolve(&w, t).map_err(|problem| RankCacheError::Layout {
             rank,
             key: w.key.clone(),
             tensor: w.tensor.clone(),
@@ -341,19 +341,18 @@ pub fn plan_rank_cache(
         let bytes = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
         entries.push(PlannedEntry {
             row: IndexRow {
-                key: w.key.clone(),
+                key: w.key,
                 dtype,
                 shape,
                 offset: at,
                 bytes,
             },
-            tensor: w.tensor.clone(),
+            tensor: w.tensor,
             source,
         });
         at += bytes;
     }
-    let rows: Vec<IndexRow> = entries.iter().map(|e| e.row.clone()).collect();
-    let index_json = rank_file::index_json(&rows)?;
+    let index_json = rank_file::index_json(entries.iter().map(|e| &e.row))?;
     let file_name = rank_file::file_name(rank, world, index_json.as_bytes());
     Ok(RankCachePlan {
         rank,
