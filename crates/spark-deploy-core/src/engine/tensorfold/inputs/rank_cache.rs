@@ -86,6 +86,20 @@ pub enum RankCacheError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// Reading an entry's source bytes failed.
+    #[error(
+        "rank {rank}: cannot read entry `{key}` from {path}: {source}; the shard may be truncated or on a failing disk, re-download it"
+    )]
+    ReadSource {
+        /// The rank.
+        rank: usize,
+        /// The entry being copied.
+        key: String,
+        /// The shard.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// The progress callback asked to stop; no file was left under a final name.
     #[error("rank {rank}: the build was cancelled; no rank file was written, run it again")]
     Cancelled {
@@ -606,11 +620,13 @@ fn fill_chunk(
                 | SourceRange::Strided { shard, .. }
                 | SourceRange::WidenF16 { shard, .. } => shard,
             };
-            copy_piece(e, files, p0, p1, dst, scratch).map_err(|source| RankCacheError::Io {
-                rank: plan.rank,
-                op: "read",
-                path: plan.checkpoint.shards[shard].path.clone(),
-                source,
+            copy_piece(e, files, p0, p1, dst, scratch).map_err(|source| {
+                RankCacheError::ReadSource {
+                    rank: plan.rank,
+                    key: e.row.key.clone(),
+                    path: plan.checkpoint.shards[shard].path.clone(),
+                    source,
+                }
             })?;
         }
         i += 1;
