@@ -6,11 +6,12 @@
 //!     blobs/<etag>.incomplete      a download in progress (the name the Python client uses)
 //!     snapshots/<commit>/<path>    relative symlink -> ../../blobs/<etag> (one more ../ per directory)
 //!     refs/<branch>                the commit a branch resolved to (no trailing newline)
-//! <cache>/.sd-verified/models--{owner}--{name}/<etag>      our "verified" stamp (size + mtime)
-//! <cache>/.sd-verified/models--{owner}--{name}/<commit>.json   our manifest of a fetched snapshot
+//!     .sd-verified/<etag>          our "verified" stamp (size + mtime of the blob when verified)
+//!     .sd-verified/<commit>.json   our manifest of a fetched snapshot (paths, ETags, sizes, sha256)
 //! ```
-//! The `.sd-verified` directory sits next to the Python client's `.locks`, outside the repo
-//! folders, so neither client sees it.
+//! `.sd-verified` lives inside the repo folder: `huggingface_hub`'s `scan_cache_dir` ignores
+//! unknown folders there (it reports unknown entries at the cache root as corrupted repos), and
+//! deleting a repo from the cache (`hf cache delete`) removes our stamps with it.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -186,10 +187,10 @@ impl HfCache {
         (parent == "blobs").then(|| t.file_name().map(|n| n.to_string_lossy().into_owned()))?
     }
 
-    /// `<cache>/.sd-verified/<repo folder>`.
+    /// `<cache>/models--{owner}--{name}/.sd-verified`.
     #[must_use]
     pub fn stamp_dir(&self, repo: &str) -> PathBuf {
-        self.root.join(".sd-verified").join(Self::repo_folder(repo))
+        self.repo_dir(repo).join(".sd-verified")
     }
 }
 

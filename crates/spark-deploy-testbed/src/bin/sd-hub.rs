@@ -173,21 +173,74 @@ fn report(e: &dyn std::error::Error) -> String {
 }
 
 mod port {
-    use super::*;
+    use super::{ExitCode, PathBuf, report};
+    use spark_deploy_core::hub::{
+        FetchEvent, HfCache, HfToken, Hub, HubConfig, select, verify_snapshot,
+    };
 
-    pub(super) fn fetch(
-        _endpoint: String,
-        _cache: PathBuf,
-        _repo: String,
-        _revision: String,
-        _include: Vec<String>,
-    ) -> ExitCode {
-        eprintln!("sd-hub fetch: not implemented yet");
-        ExitCode::FAILURE
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
     }
 
-    pub(super) fn verify(_cache: PathBuf, _repo: String, _revision: String) -> ExitCode {
-        eprintln!("sd-hub verify: not implemented yet");
-        ExitCode::FAILURE
+    pub(super) fn fetch(
+        endpoint: String,
+        cache: PathBuf,
+        repo: String,
+        revision: String,
+        include: Vec<String>,
+    ) -> ExitCode {
+        let mut cfg = HubConfig::new(Some(endpoint), cache);
+        cfg.token = HfToken::from_env();
+        let run = async move {
+            let hub = Hub::new(cfg)?;
+            let pinned = hub.resolve(&repo, &revision).await?;
+            let files = hub.list_files(&pinned).await?;
+            let wanted: Vec<_> = select(&files, &include).into_iter().cloned().collect();
+            let progress = |e: &FetchEvent| {
+                if let FetchEvent::Retrying { file, reason, .. } = e {
+                    eprintln!("sd-hub fetch: retrying {file}: {reason}");
+                }
+            };
+            let r = hub.fetch(&pinned, &wanted, &progress).await?;
+            println!("commit={}", pinned.commit);
+            println!("snapshot={}", r.snapshot_dir.display());
+            println!("{}", r.summary());
+            Ok::<_, Box<dyn std::error::Error>>(())
+        };
+        match runtime().block_on(run) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sd-hub fetch: {}", report(e.as_ref()));
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    pub(super) fn verify(cache: PathBuf, repo: String, revision: String) -> ExitCode {
+        match verify_snapshot(&HfCache::new(cache), &repo, &revision, None) {
+            Ok(r) if r.is_ok() => {
+                println!("all {} files present and verified", r.verified.len());
+                ExitCode::SUCCESS
+            }
+            Ok(r) => {
+                for p in &r.problems {
+                    println!("problem: {p}");
+                }
+                println!(
+                    "{} verified, {} problems",
+                    r.verified.len(),
+                    r.problems.len()
+                );
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("sd-hub verify: {}", report(&e));
+                ExitCode::from(2)
+            }
+        }
     }
 }
