@@ -498,3 +498,52 @@ async fn unknown_repo_and_revision_are_named() {
     assert!(matches!(e, HubError::RevisionNotFound { .. }), "{e:?}");
     assert!(e.to_string().contains("no-such-branch"));
 }
+
+#[tokio::test]
+async fn files_download_in_parallel_with_a_bounded_number_of_streams() {
+    let tree = make_tree();
+    let server = start(&tree, false);
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config(&server, cache.path());
+    cfg.max_streams = 2;
+    let hub = Hub::new(cfg).unwrap();
+    let (r, files) = pinned_all(&hub, TINY, "main").await;
+    // Every transfer waits a moment before its first byte, so transfers overlap.
+    server.set_fault(FaultRule::all(Fault::StallAfter {
+        bytes: 0,
+        dur: Duration::from_millis(300),
+    }));
+    let report = hub.fetch(&r, &files, &NoProgress).await.unwrap();
+    assert_eq!(read_tree(&report.snapshot_dir), tree.files[TINY]);
+    assert_eq!(server.peak_concurrent_transfers(), 2);
+}
+
+#[tokio::test]
+async fn every_transfer_cut_at_half_still_completes_by_resuming() {
+    let tree = make_tree();
+    let server = start(&tree, false);
+    let cache = tempfile::tempdir().unwrap();
+    let hub = Hub::new(config(&server, cache.path())).unwrap();
+    let (r, files) = pinned_all(&hub, TINY, "main").await;
+    server.clear_faults();
+    for f in &files {
+        // Persistent: every response for the file is cut after half the file's size.
+        server.add_fault(FaultRule::file(
+            f.path.clone(),
+            Fault::CutAfter { bytes: f.size / 2 },
+        ));
+    }
+    let report = hub.fetch(&r, &files, &NoProgress).await.unwrap();
+    assert_eq!(read_tree(&report.snapshot_dir), tree.files[TINY]);
+    for f in files.iter().filter(|f| f.size > 1000) {
+        let gets = gets_of(&server, &f.path);
+        let served: u64 = gets.iter().map(|g| g.body_bytes).sum();
+        assert!(gets.len() >= 2, "{}: {gets:?}", f.path);
+        assert!(
+            (served - f.size) * 100 <= f.size,
+            "{}: served {served} for {} bytes",
+            f.path,
+            f.size
+        );
+    }
+}

@@ -117,6 +117,7 @@ impl HubServer {
             base_url: format!("http://{local}"),
             faults: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),
+            active: Arc::default(),
         });
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -227,6 +228,15 @@ impl HubServer {
     #[must_use]
     pub fn bytes_served(&self) -> u64 {
         self.requests().iter().map(|r| r.body_bytes).sum()
+    }
+
+    /// The most file transfers that were ever in flight at the same time.
+    #[must_use]
+    pub fn peak_concurrent_transfers(&self) -> u64 {
+        self.state
+            .active
+            .peak
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Stop the server and wait for its thread (in-flight transfers get ~0.5 s).

@@ -35,6 +35,31 @@ pub(crate) struct HubState {
     pub(crate) base_url: String,
     pub(crate) faults: Mutex<Vec<FaultRule>>,
     pub(crate) log: Mutex<Vec<LiveRecord>>,
+    /// File transfers whose body is being sent right now, and the most ever seen at once.
+    pub(crate) active: Arc<ActiveTransfers>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct ActiveTransfers {
+    pub(crate) now: AtomicU64,
+    pub(crate) peak: AtomicU64,
+}
+
+/// Counts one transfer as active for as long as its body lives.
+struct ActiveGuard(Arc<ActiveTransfers>);
+
+impl ActiveGuard {
+    fn new(a: Arc<ActiveTransfers>) -> Self {
+        let n = a.now.fetch_add(1, Ordering::SeqCst) + 1;
+        a.peak.fetch_max(n, Ordering::SeqCst);
+        Self(a)
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 type Shared = Arc<HubState>;
@@ -542,7 +567,14 @@ async fn serve_file(
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
     let fault = take_fault(state, &file.path);
-    let body = body_stream(file.disk_path.clone(), start, len, fault, sent);
+    let body = body_stream(
+        file.disk_path.clone(),
+        start,
+        len,
+        fault,
+        sent,
+        state.active.clone(),
+    );
     builder
         .body(body)
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
@@ -571,6 +603,7 @@ struct BodyState {
     sent: u64,
     fault: Fault,
     counter: Arc<AtomicU64>,
+    active: Option<ActiveGuard>,
 }
 
 fn body_stream(
@@ -579,6 +612,7 @@ fn body_stream(
     len: u64,
     fault: Fault,
     counter: Arc<AtomicU64>,
+    active: Arc<ActiveTransfers>,
 ) -> Body {
     let st = BodyState {
         file: None,
@@ -588,6 +622,7 @@ fn body_stream(
         sent: 0,
         fault,
         counter,
+        active: Some(ActiveGuard::new(active)),
     };
     let stream = futures::stream::try_unfold(st, |mut st| async move {
         if st.left == 0 {
@@ -631,6 +666,10 @@ fn body_stream(
         st.left -= want;
         st.sent += want;
         st.counter.fetch_add(want, Ordering::Relaxed);
+        if st.left == 0 {
+            // Not active any more once the last chunk is handed over (before the client sees it).
+            st.active = None;
+        }
         Ok::<_, std::io::Error>(Some((bytes::Bytes::from(buf), st)))
     });
     Body::from_stream(stream)
