@@ -67,6 +67,11 @@ def make_repo_tree(root: pathlib.Path, seed: int = 7) -> dict:
             "nested/deeper/extra.bin": rng.randbytes(300_001),
             "nested/notes.txt": b"nested text file\n",
         },
+        "testorg/edge-cases": {
+            "empty.txt": b"",
+            "dir with space/a b#1.json": b'{"x": 1}',
+            "weights/100%.bin": rng.randbytes(4096),
+        },
         "testorg/gated": {
             "config.json": b'{"gated": true}',
             "overlay.safetensors": safetensors_bytes(rng, {"x": ("F16", (64, 64))}),

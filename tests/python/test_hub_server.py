@@ -46,6 +46,17 @@ def test_snapshot_download_is_byte_identical(request, repo_tree, tmp_path, fixtu
     assert not list((tmp_path / "models--testorg--tiny" / "blobs").glob("*.incomplete"))
 
 
+def test_empty_files_and_unusual_names(hub, repo_tree, tmp_path):
+    _, files = repo_tree
+    path = snapshot_download("testorg/edge-cases", revision="main", endpoint=hub.endpoint, cache_dir=tmp_path)
+    assert _snapshot_files(pathlib.Path(path)) == files["testorg/edge-cases"]
+    ours = _sd_hub("fetch", "--endpoint", hub.endpoint, "--cache", str(tmp_path / "ours"), "--repo", "testorg/edge-cases")
+    assert "all 3 files present and verified" in ours.stdout
+    assert _snapshot_files(pathlib.Path(str(path).replace(str(tmp_path), str(tmp_path / "ours")))) == files[
+        "testorg/edge-cases"
+    ]
+
+
 def test_branch_resolves_to_the_pinned_commit(hub, repo_tree, tmp_path):
     _, files = repo_tree
     path = snapshot_download("testorg/tiny", revision="main", endpoint=hub.endpoint, cache_dir=tmp_path)

@@ -547,3 +547,27 @@ async fn every_transfer_cut_at_half_still_completes_by_resuming() {
         );
     }
 }
+
+#[tokio::test]
+async fn empty_files_and_unusual_names_round_trip() {
+    let tree = make_tree();
+    let server = start(&tree, false);
+    let cache = tempfile::tempdir().unwrap();
+    let hub = Hub::new(config(&server, cache.path())).unwrap();
+    let report = hub
+        .fetch_repo(EDGE, "main", &[], &NoProgress)
+        .await
+        .unwrap();
+    assert_eq!(read_tree(&report.snapshot_dir), tree.files[EDGE]);
+    assert!(
+        verify_snapshot(hub.cache(), EDGE, "main", None)
+            .unwrap()
+            .is_ok()
+    );
+    let again = hub
+        .fetch_repo(EDGE, "main", &["*.txt".into()], &NoProgress)
+        .await
+        .unwrap();
+    assert_eq!(again.files.len(), 1);
+    assert_eq!(again.files[0].outcome, FileOutcome::AlreadyVerified);
+}

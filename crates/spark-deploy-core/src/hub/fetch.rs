@@ -214,6 +214,24 @@ fn glob_match(pat: &str, s: &str) -> bool {
 }
 
 impl Hub {
+    /// Resolve `repo` at `revision`, list it, and [`fetch`](Hub::fetch) the files matching
+    /// `patterns` (see [`select`]; empty = all files).
+    ///
+    /// # Errors
+    /// As [`Hub::resolve`], [`Hub::list_files`] and [`Hub::fetch`].
+    pub async fn fetch_repo(
+        &self,
+        repo: &str,
+        revision: &str,
+        patterns: &[String],
+        progress: &dyn FetchProgress,
+    ) -> Result<FetchReport, FetchError> {
+        let pinned = self.resolve(repo, revision).await?;
+        let files = self.list_files(&pinned).await?;
+        let wanted: Vec<RemoteFile> = select(&files, patterns).into_iter().cloned().collect();
+        self.fetch(&pinned, &wanted, progress).await
+    }
+
     /// Bring `files` of the pinned repository into the cache, resuming partial downloads and
     /// verifying every file. See the module docs for the flow.
     ///
@@ -450,6 +468,13 @@ impl Hub {
     ) -> Result<(), FetchError> {
         let mut fails = 0u32;
         let mut first = true;
+        // An empty file needs no transfer, but still an (empty) file to verify and rename.
+        tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(incomplete)
+            .await
+            .map_err(|e| self.io_err(r, file, incomplete, e))?;
         loop {
             let have = tokio::fs::metadata(incomplete).await.map_or(0, |m| m.len());
             let have = if have > size {

@@ -73,6 +73,13 @@ impl FaultRule {
     }
 }
 
+impl From<Fault> for FaultRule {
+    /// A rule for every transfer of every file.
+    fn from(fault: Fault) -> Self {
+        Self::all(fault)
+    }
+}
+
 /// One request the server answered. Never holds the `Authorization` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestRecord {

@@ -183,8 +183,10 @@ impl HubServer {
         self.repo(id).map(|r| r.commit.clone())
     }
 
-    /// Replace all fault rules by `rule` (`FaultRule::all(Fault::None)` clears them).
-    pub fn set_fault(&self, rule: FaultRule) {
+    /// Replace all fault rules by `rule`: a [`FaultRule`] (e.g. scoped to one file with
+    /// [`FaultRule::file`]) or a bare [`Fault`] for every file. `Fault::None` clears them.
+    pub fn set_fault(&self, rule: impl Into<FaultRule>) {
+        let rule = rule.into();
         if let Ok(mut f) = self.state.faults.lock() {
             f.clear();
             if rule.fault != Fault::None {
@@ -194,7 +196,8 @@ impl HubServer {
     }
 
     /// Add a fault rule; the first matching rule applies to a transfer.
-    pub fn add_fault(&self, rule: FaultRule) {
+    pub fn add_fault(&self, rule: impl Into<FaultRule>) {
+        let rule = rule.into();
         if let Ok(mut f) = self.state.faults.lock() {
             f.push(rule);
         }

@@ -10,6 +10,7 @@ use spark_deploy_testbed::hub_server::{HubOptions, HubServer};
 pub const GATED_TOKEN: &str = "hf_testbed_gated_secret_4242";
 pub const TINY: &str = "testorg/tiny";
 pub const GATED: &str = "testorg/gated";
+pub const EDGE: &str = "testorg/edge-cases";
 pub const SHARD: &str = "model-00001-of-00002.safetensors";
 pub const BIAS_A: &str = "model.layers.0.mlp.gate.bias_vl";
 pub const BIAS_B: &str = "model.layers.1.mlp.gate.bias_vl";
@@ -117,6 +118,10 @@ pub fn make_tree() -> Tree {
         "overlay.safetensors".into(),
         safetensors(&[("x", "F16", &[64, 64])], 3),
     );
+    let edge = files.entry(EDGE.into()).or_default();
+    edge.insert("empty.txt".into(), Vec::new());
+    edge.insert("dir with space/a b#1.json".into(), b"{\"x\": 1}".to_vec());
+    edge.insert("weights/100%.bin".into(), bytes(8, 4096));
     for (repo, fs) in &files {
         for (rel, data) in fs {
             let p = dir.path().join(repo).join(rel);
