@@ -65,6 +65,21 @@ async fn hf_hub_downloads_files_and_snapshots_byte_identically() {
             sha
         );
 
+        // Again by branch: hf-hub revalidates its cached ETag with If-None-Match and gets a 304.
+        let again = repo
+            .download_file()
+            .filename("nested/deeper/extra.bin".to_owned())
+            .revision("main".to_owned())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again, p);
+        assert!(
+            server.requests().iter().any(|q| q.status == 304),
+            "{:?}",
+            server.requests()
+        );
+
         // The whole snapshot at the pinned commit.
         let dir = repo
             .snapshot_download()

@@ -415,8 +415,27 @@ impl Hub {
     /// # Errors
     /// [`HubError::Access`] for a gated/private repository without a good token,
     /// [`HubError::EntryNotFound`], [`HubError::Transport`], [`HubError::Status`],
-    /// [`HubError::Malformed`] when a required header is missing.
+    /// [`HubError::Malformed`] when a required header is missing. Transport failures and
+    /// 408/429/5xx answers are retried first ([`HubConfig::max_retries`], exponential backoff).
     pub async fn file_meta(&self, r: &ResolvedRepo, file: &str) -> Result<FileMeta, HubError> {
+        let mut attempt = 0u32;
+        loop {
+            match self.file_meta_once(r, file).await {
+                Err(e) if attempt < self.cfg.max_retries && is_transient(&e) => {
+                    attempt += 1;
+                    let backoff = self
+                        .cfg
+                        .backoff_base
+                        .saturating_mul(1u32 << (attempt - 1).min(16))
+                        .min(self.cfg.backoff_max);
+                    tokio::time::sleep(backoff).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn file_meta_once(&self, r: &ResolvedRepo, file: &str) -> Result<FileMeta, HubError> {
         let mut url = self.resolve_url(r, file)?;
         let mut resp = None;
         for _ in 0..=10 {
@@ -601,6 +620,15 @@ impl Hub {
                 source: Box::new(e),
             },
         }
+    }
+}
+
+/// Transport failures and 408/429/5xx answers are worth retrying.
+fn is_transient(e: &HubError) -> bool {
+    match e {
+        HubError::Transport { .. } => true,
+        HubError::Status { status, .. } => matches!(status, 408 | 429 | 500..=599),
+        _ => false,
     }
 }
 

@@ -458,8 +458,14 @@ async fn resolve(
     if state.lfs_redirect
         && let Some(sha) = &file.lfs_sha256
     {
-        // As the Hub does for LFS files: 302 to the blob store, metadata in X-Linked-* headers.
-        let mut resp = StatusCode::FOUND.into_response();
+        // As the Hub does for LFS files: 302 to the blob store, metadata in X-Linked-* headers
+        // (or 304 when the client already holds that blob).
+        let status = if etag_matches(&headers, sha) {
+            StatusCode::NOT_MODIFIED
+        } else {
+            StatusCode::FOUND
+        };
+        let mut resp = status.into_response();
         let h = resp.headers_mut();
         set(
             h,
