@@ -197,3 +197,23 @@ def test_gated_fetch_by_our_port_names_the_repo_and_hides_the_token(hub, tmp_pat
     good = _sd_hub(*args, env_extra=env)
     assert "all 2 files present and verified" in good.stdout
     assert GATED_TOKEN not in good.stdout + good.stderr
+
+
+def _layout(cache: pathlib.Path, repo: str) -> dict:
+    """Everything the standard layout says about a repo: snapshot links, blob names and sizes, refs."""
+    base = cache / ("models--" + repo.replace("/", "--"))
+    links = {
+        p.relative_to(base / "snapshots").as_posix(): os.readlink(p)
+        for p in (base / "snapshots").rglob("*")
+        if p.is_symlink()
+    }
+    blobs = {p.name: p.stat().st_size for p in (base / "blobs").iterdir()}
+    refs = {p.name: p.read_text() for p in (base / "refs").iterdir()} if (base / "refs").exists() else {}
+    return {"links": links, "blobs": blobs, "refs": refs}
+
+
+def test_our_cache_has_the_same_layout_as_pythons(hub, tmp_path):
+    for repo in ("testorg/tiny", "testorg/edge-cases"):
+        snapshot_download(repo, revision="main", endpoint=hub.endpoint, cache_dir=tmp_path / "py")
+        _sd_hub("fetch", "--endpoint", hub.endpoint, "--cache", str(tmp_path / "ours"), "--repo", repo)
+        assert _layout(tmp_path / "ours", repo) == _layout(tmp_path / "py", repo)
