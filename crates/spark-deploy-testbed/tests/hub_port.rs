@@ -571,3 +571,52 @@ async fn empty_files_and_unusual_names_round_trip() {
     assert_eq!(again.files.len(), 1);
     assert_eq!(again.files[0].outcome, FileOutcome::AlreadyVerified);
 }
+
+#[tokio::test]
+async fn bytes_corrupted_in_transit_are_caught_and_fetched_again() {
+    let tree = make_tree();
+    let server = start(&tree, false);
+    let cache = tempfile::tempdir().unwrap();
+    let hub = Hub::new(config(&server, cache.path())).unwrap();
+    let (r, files) = pinned_all(&hub, TINY, "main").await;
+    let pick: Vec<RemoteFile> = files
+        .into_iter()
+        .filter(|f| f.path == SHARD || f.path == "README.md")
+        .collect();
+    // Once each: the sha256 (shard) and git-sha1 (small file) checks catch it, a re-fetch heals it.
+    server.set_fault(FaultRule::file(SHARD, Fault::FlipByte { offset: 7_000_000 }).times(1));
+    server.add_fault(FaultRule::file("README.md", Fault::FlipByte { offset: 2 }).times(1));
+    let events = Events::default();
+    let report = hub.fetch(&r, &pick, &events).await.unwrap();
+    for f in &pick {
+        assert_eq!(
+            std::fs::read(report.snapshot_dir.join(&f.path)).unwrap(),
+            tree.file(TINY, &f.path)
+        );
+        assert_eq!(gets_of(&server, &f.path).len(), 2, "{}", f.path);
+    }
+    let reasons: Vec<String> = events
+        .all()
+        .into_iter()
+        .filter_map(|e| match e {
+            FetchEvent::Retrying { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert!(reasons.iter().any(|r| r.contains("sha256")), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("git-sha1")),
+        "{reasons:?}"
+    );
+
+    // Always corrupt: the fetch fails with a verification error and leaves no final blob.
+    let cache2 = tempfile::tempdir().unwrap();
+    let hub2 = Hub::new(config(&server, cache2.path())).unwrap();
+    server.set_fault(FaultRule::file(SHARD, Fault::FlipByte { offset: 100 }));
+    let only_shard: Vec<RemoteFile> = pick.into_iter().filter(|f| f.path == SHARD).collect();
+    let err = hub2.fetch(&r, &only_shard, &NoProgress).await.unwrap_err();
+    assert!(matches!(err, FetchError::Verify { .. }), "{err:?}");
+    assert!(err.to_string().contains(SHARD));
+    let blobs = blobs_dir(cache2.path(), TINY);
+    assert!(!blobs.join(sha256_hex(tree.file(TINY, SHARD))).exists());
+}

@@ -29,7 +29,7 @@ use tokio::io::AsyncWriteExt as _;
 use super::cache::CacheError;
 use super::client::{FileMeta, Hub, HubError, RemoteFile, ResolvedRepo};
 use super::progress::{FetchEvent, FetchProgress, FileOutcome};
-use super::verify::{self, Expected, ManifestEntry, VerifyError};
+use super::verify::{self, Expected, ManifestEntry, StreamHasher, VerifyError};
 
 /// Errors of a fetch.
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +175,16 @@ struct Job {
     paths: Vec<String>,
     size: u64,
     expected: Expected,
+}
+
+/// What one blob transfer writes, and what it must become.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    r: &'a ResolvedRepo,
+    file: &'a str,
+    incomplete: &'a Path,
+    size: u64,
+    exp: &'a Expected,
 }
 
 enum Attempt {
@@ -423,9 +433,24 @@ impl Hub {
         }
         let mut bad_downloads = 0;
         loop {
-            self.download_to(r, &file, &incomplete, job.size, tally)
-                .await?;
-            match verify_blocking(&incomplete, &file, &job.expected).await {
+            let mut hasher = Some(StreamHasher::new(&job.expected, job.size));
+            self.download_to(
+                Target {
+                    r,
+                    file: &file,
+                    incomplete: &incomplete,
+                    size: job.size,
+                    exp: &job.expected,
+                },
+                &mut hasher,
+                tally,
+            )
+            .await?;
+            let checked = match hasher {
+                Some(h) => verify_streamed_blocking(&incomplete, &file, &job.expected, h).await,
+                None => verify_blocking(&incomplete, &file, &job.expected).await,
+            };
+            match checked {
                 Ok(()) => break,
                 Err(e) => {
                     tokio::fs::remove_file(&incomplete)
@@ -460,12 +485,17 @@ impl Hub {
     /// Fill `incomplete` up to `size` bytes, resuming from its length.
     async fn download_to(
         &self,
-        r: &ResolvedRepo,
-        file: &str,
-        incomplete: &Path,
-        size: u64,
+        t: Target<'_>,
+        hasher: &mut Option<StreamHasher>,
         tally: &Tally<'_>,
     ) -> Result<(), FetchError> {
+        let Target {
+            r,
+            file,
+            incomplete,
+            size,
+            ..
+        } = t;
         let mut fails = 0u32;
         let mut first = true;
         // An empty file needs no transfer, but still an (empty) file to verify and rename.
@@ -497,7 +527,7 @@ impl Hub {
                 offset: have,
                 size,
             });
-            match self.attempt(r, file, incomplete, have, size, tally).await? {
+            match self.attempt(t, have, hasher, tally).await? {
                 Attempt::Complete => return Ok(()),
                 Attempt::Failed { reason, progressed } => {
                     if progressed {
@@ -549,13 +579,18 @@ impl Hub {
     /// by the Hub (access, not found) are errors.
     async fn attempt(
         &self,
-        r: &ResolvedRepo,
-        file: &str,
-        incomplete: &Path,
+        t: Target<'_>,
         mut have: u64,
-        size: u64,
+        hasher: &mut Option<StreamHasher>,
         tally: &Tally<'_>,
     ) -> Result<Attempt, FetchError> {
+        let Target {
+            r,
+            file,
+            incomplete,
+            size,
+            exp,
+        } = t;
         let stall = self.cfg.stall_timeout;
         let failed = |reason: String, progressed: bool| Ok(Attempt::Failed { reason, progressed });
         let url = self.resolve_url(r, file)?;
@@ -614,6 +649,10 @@ impl Hub {
             tally.done.fetch_sub(have, Ordering::Relaxed);
             have = 0;
         }
+        // The digests must cover exactly the bytes already on disk before we append.
+        if let Some(h) = hasher.take() {
+            *hasher = catch_up_blocking(h, incomplete, have, exp).await;
+        }
         let f = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -636,6 +675,9 @@ impl Hub {
                     }
                     if let Err(e) = out.write_all(&chunk).await {
                         return Err(self.io_err(r, file, incomplete, e));
+                    }
+                    if let Some(h) = hasher.as_mut() {
+                        h.update(&chunk);
                     }
                     got += n;
                     tally.done.fetch_add(n, Ordering::Relaxed);
@@ -672,6 +714,38 @@ async fn truncate(path: &Path, len: u64) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Catch the hasher up to `to` bytes of the file; `None` (verify by re-reading later) on failure.
+async fn catch_up_blocking(
+    mut h: StreamHasher,
+    path: &Path,
+    to: u64,
+    exp: &Expected,
+) -> Option<StreamHasher> {
+    let (path, exp) = (path.to_path_buf(), exp.clone());
+    tokio::task::spawn_blocking(move || h.catch_up(&path, to, &exp).ok().map(|()| h))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn verify_streamed_blocking(
+    path: &Path,
+    file: &str,
+    exp: &Expected,
+    h: StreamHasher,
+) -> Result<(), VerifyError> {
+    let (path, file, exp) = (path.to_path_buf(), file.to_owned(), exp.clone());
+    let p2 = path.clone();
+    tokio::task::spawn_blocking(move || verify::verify_streamed(&path, &file, &exp, h))
+        .await
+        .unwrap_or_else(|e| {
+            Err(VerifyError::Io {
+                path: p2,
+                source: std::io::Error::other(e),
+            })
+        })
 }
 
 async fn verify_blocking(path: &Path, file: &str, exp: &Expected) -> Result<(), VerifyError> {

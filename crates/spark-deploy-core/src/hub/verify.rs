@@ -236,6 +236,122 @@ pub fn verify_file(path: &Path, file: &str, exp: &Expected) -> Result<(), Verify
     Ok(())
 }
 
+/// Digests computed while bytes are written, so a download needs no second read pass.
+/// Only the digests `Expected` asks for are computed.
+#[derive(Clone)]
+pub(crate) struct StreamHasher {
+    size: u64,
+    sha256: Option<sha2::Sha256>,
+    git_sha1: Option<sha1::Sha1>,
+    len: u64,
+}
+
+impl StreamHasher {
+    /// Hashers for a file of `size` bytes.
+    pub(crate) fn new(exp: &Expected, size: u64) -> Self {
+        use sha1::Digest as _;
+        Self {
+            size,
+            sha256: exp
+                .sha256
+                .is_some()
+                .then(<sha2::Sha256 as sha2::Digest>::new),
+            git_sha1: exp.git_sha1.is_some().then(|| {
+                let mut h = sha1::Sha1::new();
+                h.update(format!("blob {size}\0").as_bytes());
+                h
+            }),
+            len: 0,
+        }
+    }
+
+    /// Hash the next bytes of the file.
+    pub(crate) fn update(&mut self, b: &[u8]) {
+        use sha1::Digest as _;
+        if let Some(h) = self.sha256.as_mut() {
+            sha2::Digest::update(h, b);
+        }
+        if let Some(h) = self.git_sha1.as_mut() {
+            h.update(b);
+        }
+        self.len += b.len() as u64;
+    }
+
+    /// Bring the digests to the first `to` bytes of `path` (re-hashing from 0 if the file shrank
+    /// below what was hashed). Blocking.
+    pub(crate) fn catch_up(&mut self, path: &Path, to: u64, exp: &Expected) -> std::io::Result<()> {
+        if to < self.len {
+            *self = Self::new(exp, self.size);
+        }
+        if to == self.len {
+            return Ok(());
+        }
+        let mut f = std::fs::File::open(path)?;
+        f.seek(SeekFrom::Start(self.len))?;
+        let mut left = to - self.len;
+        let mut buf = vec![0u8; 1 << 20];
+        while left > 0 {
+            let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
+            f.read_exact(&mut buf[..want])?;
+            self.update(&buf[..want]);
+            left -= want as u64;
+        }
+        Ok(())
+    }
+
+    /// Compare the digests of the `len` bytes hashed with `exp`.
+    pub(crate) fn check(self, file: &str, exp: &Expected) -> Result<(), VerifyError> {
+        use sha1::Digest as _;
+        let got256 = self.sha256.map(|h| hex::encode(sha2::Digest::finalize(h)));
+        let got1 = self.git_sha1.map(|h| hex::encode(h.finalize()));
+        for (algo, want, got) in [
+            ("sha256", &exp.sha256, got256),
+            ("git-sha1", &exp.git_sha1, got1),
+        ] {
+            if let (Some(w), Some(g)) = (want, got)
+                && !w.eq_ignore_ascii_case(&g)
+            {
+                return Err(VerifyError::Hash {
+                    file: file.to_owned(),
+                    algo,
+                    expected: w.clone(),
+                    actual: g,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Verify a freshly downloaded file whose content was hashed while it was written: size,
+/// digests from `hasher`, and the safetensors structure (header read only).
+///
+/// # Errors
+/// The first problem found, naming `file`.
+pub(crate) fn verify_streamed(
+    path: &Path,
+    file: &str,
+    exp: &Expected,
+    mut hasher: StreamHasher,
+) -> Result<(), VerifyError> {
+    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
+    if let Some(e) = exp.size
+        && e != size
+    {
+        return Err(VerifyError::Size {
+            file: file.to_owned(),
+            expected: e,
+            actual: size,
+        });
+    }
+    // Normally a no-op: the hasher saw every byte written.
+    hasher.catch_up(path, size, exp).map_err(io_err(path))?;
+    if file.ends_with(".safetensors") {
+        check_safetensors(path, file)?;
+    }
+    hasher.check(file, exp)
+}
+
 /// A "verified" stamp: the blob's size and modification time when it was last verified.
 fn stamp_value(path: &Path) -> Option<String> {
     let m = std::fs::metadata(path).ok()?;
@@ -475,6 +591,47 @@ mod tests {
         assert!(e.to_string().contains("m.safetensors"), "{e}");
         std::fs::write(&p, b"garbage!garbage!").unwrap();
         assert!(check_safetensors(&p, "m.safetensors").is_err());
+    }
+
+    #[test]
+    fn streamed_digests_equal_file_digests_across_resumes() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let full = Expected {
+            size: Some(data.len() as u64),
+            sha256: Some(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data))),
+            git_sha1: digest_file_bytes(&data),
+        };
+        // Written in three goes, hashed partly while writing, partly by catching up from disk.
+        std::fs::write(&p, &data[..1_000_000]).unwrap();
+        let mut h = StreamHasher::new(&full, data.len() as u64);
+        h.catch_up(&p, 1_000_000, &full).unwrap();
+        h.update(&data[1_000_000..2_000_000]);
+        std::fs::write(&p, &data[..2_500_000]).unwrap();
+        h.catch_up(&p, 2_500_000, &full).unwrap();
+        std::fs::write(&p, &data).unwrap();
+        h.update(&data[2_500_000..]);
+        verify_streamed(&p, "f", &full, h.clone()).unwrap();
+        // A truncation below what was hashed restarts the digests.
+        h.catch_up(&p, 10, &full).unwrap();
+        assert!(verify_streamed(&p, "f", &full, h).is_ok());
+        let mut bad = data.clone();
+        bad[2_999_999] ^= 1;
+        std::fs::write(&p, &bad).unwrap();
+        let mut h = StreamHasher::new(&full, data.len() as u64);
+        h.update(&bad);
+        assert!(matches!(
+            verify_streamed(&p, "f", &full, h),
+            Err(VerifyError::Hash { .. })
+        ));
+    }
+
+    fn digest_file_bytes(data: &[u8]) -> Option<String> {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x");
+        std::fs::write(&p, data).unwrap();
+        digest_file(&p, false, true).unwrap().git_sha1
     }
 
     #[test]

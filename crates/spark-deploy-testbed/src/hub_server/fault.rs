@@ -15,6 +15,11 @@ pub enum Fault {
         /// Body bytes sent before the cut (counted per response, not per file offset).
         bytes: u64,
     },
+    /// Deliver the byte at file offset `offset` with its bits flipped (silent corruption).
+    FlipByte {
+        /// Absolute offset in the file.
+        offset: u64,
+    },
     /// Send `bytes` bytes of the response body, then send nothing for `dur`, then continue.
     StallAfter {
         /// Body bytes sent before the stall.

@@ -641,7 +641,7 @@ fn body_stream(
         }
         let mut want = st.left.min(CHUNK as u64);
         match st.fault {
-            Fault::None => {}
+            Fault::None | Fault::FlipByte { .. } => {}
             Fault::CutAfter { bytes } => {
                 if st.sent >= bytes {
                     // Let the bytes already handed over reach the client, then drop the connection
@@ -668,6 +668,12 @@ fn body_stream(
             return Ok(None);
         };
         f.read_exact(&mut buf).await?;
+        if let Fault::FlipByte { offset } = st.fault
+            && (st.pos..st.pos + want).contains(&offset)
+        {
+            let i = usize::try_from(offset - st.pos).unwrap_or(0);
+            buf[i] ^= 0xFF;
+        }
         st.pos += want;
         st.left -= want;
         st.sent += want;
