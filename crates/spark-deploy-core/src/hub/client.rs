@@ -1,7 +1,18 @@
 //! The connection to a Hub: revision resolution and file listing through the `hf-hub` crate,
-//! per-file metadata and byte transfers through our own `reqwest` calls (hf-hub 1.0 has no
-//! resume, and its `get_file_metadata` follows absolute redirects, losing the Hub's
-//! `X-Linked-*` / `X-Repo-Commit` headers of LFS files).
+//! per-file metadata and byte transfers through our own `reqwest` calls.
+//!
+//! # Why not hf-hub for everything (read in `hf-hub-1.0.0/src`)
+//! - No resume: `.incomplete` is recreated with `File::create` (hf-hub#196).
+//! - `get_file_metadata` sends its `HEAD` with the redirect-following client, so for an LFS file
+//!   the Hub 302s to a CDN it would read the CDN's headers instead of the Hub's `X-Linked-Etag`,
+//!   `X-Linked-Size` and `X-Repo-Commit`. [`Hub::file_meta`] follows relative redirects only, as
+//!   `huggingface_hub` does.
+//! - Its cache-mode `GET` does not check the status code before streaming to the blob.
+//! - `RepoTreeEntry::File.lfs.sha256` is read from a key `sha256`, but the Hub's tree listing (and
+//!   `huggingface_hub`'s parser) names the LFS sha256 `oid`; when it is absent the fetch uses the
+//!   ETag, which the Hub sets to that same sha256 for LFS files.
+//! - A 404 from `/api/models/{repo}/revision/{rev}` is always `RevisionNotFound`, even for a
+//!   missing repository; we look at `X-Error-Code` to tell them apart.
 
 use std::path::PathBuf;
 use std::time::Duration;
