@@ -486,6 +486,9 @@ pub fn verify_snapshot(
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
+    // huggingface_hub >= 2 caches the Hub's listing in `trees/<commit>.json`: use its sizes and
+    // hashes for files our own manifest does not cover (a cache written by the Python client).
+    let python_tree = read_python_tree(&cache.repo_dir(repo), &commit);
     let mut files: Vec<String> = match wanted {
         Some(w) => w.to_vec(),
         None => {
@@ -521,6 +524,12 @@ pub fn verify_snapshot(
         if let Some(m) = manifest.iter().find(|m| m.path == file) {
             exp.size = m.expected.size.or(exp.size);
             exp.sha256 = m.expected.sha256.clone().or(exp.sha256);
+        } else if let Some(t) = python_tree.get(&file) {
+            exp.size = Some(t.size);
+            match &t.lfs_sha256 {
+                Some(sha) => exp.sha256 = Some(sha.to_ascii_lowercase()),
+                None => exp.git_sha1 = Some(t.blob_id.to_ascii_lowercase()),
+            }
         }
         match verify_file(&path, &file, &exp) {
             Ok(()) => {
@@ -538,6 +547,31 @@ pub fn verify_snapshot(
         }
     }
     Ok(report)
+}
+
+#[derive(Deserialize)]
+struct PyTreeEntry {
+    size: u64,
+    blob_id: String,
+    lfs_sha256: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PyTree {
+    format_version: u32,
+    files: std::collections::BTreeMap<String, PyTreeEntry>,
+}
+
+fn read_python_tree(
+    repo_dir: &Path,
+    commit: &str,
+) -> std::collections::BTreeMap<String, PyTreeEntry> {
+    std::fs::read(repo_dir.join("trees").join(format!("{commit}.json")))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<PyTree>(&b).ok())
+        .filter(|t| t.format_version == 1)
+        .map(|t| t.files)
+        .unwrap_or_default()
 }
 
 fn list_snapshot(root: &Path, dir: &Path, out: &mut Vec<String>) {
@@ -625,6 +659,37 @@ mod tests {
             verify_streamed(&p, "f", &full, h),
             Err(VerifyError::Hash { .. })
         ));
+    }
+
+    #[test]
+    fn python_tree_listing_adds_expectations() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = HfCache::new(d.path());
+        let (repo, commit) = ("o/n", "0123456789012345678901234567890123456789");
+        std::fs::create_dir_all(cache.blob_path(repo, "x").parent().unwrap()).unwrap();
+        // A blob whose name is no hash we know (as with an unusual mirror): only the Python
+        // tree listing can tell its size is wrong.
+        std::fs::write(cache.blob_path(repo, "opaque-etag"), b"12345").unwrap();
+        cache
+            .link_snapshot(repo, commit, "a.txt", "opaque-etag")
+            .unwrap();
+        assert!(verify_snapshot(&cache, repo, commit, None).unwrap().is_ok());
+        let trees = cache.repo_dir(repo).join("trees");
+        std::fs::create_dir_all(&trees).unwrap();
+        std::fs::write(
+            trees.join(format!("{commit}.json")),
+            r#"{"format_version":1,"files":{"a.txt":{"size":6,"blob_id":"00"}}}"#,
+        )
+        .unwrap();
+        let r = verify_snapshot(&cache, repo, commit, None).unwrap();
+        assert!(
+            matches!(
+                r.problems.as_slice(),
+                [VerifyError::Size { expected: 6, .. }]
+            ),
+            "{:?}",
+            r.problems
+        );
     }
 
     fn digest_file_bytes(data: &[u8]) -> Option<String> {
