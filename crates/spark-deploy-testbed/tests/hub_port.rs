@@ -620,3 +620,37 @@ async fn bytes_corrupted_in_transit_are_caught_and_fetched_again() {
     let blobs = blobs_dir(cache2.path(), TINY);
     assert!(!blobs.join(sha256_hex(tree.file(TINY, SHARD))).exists());
 }
+
+#[tokio::test]
+async fn a_private_repo_is_not_found_without_its_token() {
+    let tree = make_tree();
+    let server = start(&tree, false);
+    let cache = tempfile::tempdir().unwrap();
+    let hub = Hub::new(config(&server, cache.path())).unwrap();
+    let err = hub.resolve(PRIVATE, "main").await.unwrap_err();
+    assert!(matches!(err, HubError::RepoNotFound { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(PRIVATE) && msg.contains("private") && msg.contains("HF_TOKEN"),
+        "{msg}"
+    );
+
+    let mut cfg = config(&server, cache.path());
+    cfg.token = Some(HfToken::new(GATED_TOKEN)); // a valid token, but not for this repo
+    let err = Hub::new(cfg)
+        .unwrap()
+        .resolve(PRIVATE, "main")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HubError::RepoNotFound { .. }), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains(GATED_TOKEN));
+
+    let mut cfg = config(&server, cache.path());
+    cfg.token = Some(HfToken::new(PRIVATE_TOKEN));
+    let report = Hub::new(cfg)
+        .unwrap()
+        .fetch_repo(PRIVATE, "main", &[], &NoProgress)
+        .await
+        .unwrap();
+    assert_eq!(read_tree(&report.snapshot_dir), tree.files[PRIVATE]);
+}

@@ -1,9 +1,9 @@
 //! `sd-hub`: serve a directory of repositories as an HF-compatible hub (testbed tool).
 //!
 //! ```text
-//! sd-hub serve <ROOT> [--addr 127.0.0.1:0] [--gated owner/name]... [--lfs-redirect]
+//! sd-hub serve <ROOT> [--addr 127.0.0.1:0] [--gated owner/name]... [--private owner/name]... [--lfs-redirect]
 //! ```
-//! The token unlocking gated repositories is read from the environment variable `SD_HUB_TOKEN`
+//! The token unlocking gated and private repositories is read from the environment variable `SD_HUB_TOKEN`
 //! (never from argv). Once listening, one line `endpoint=<url>` is printed, followed by one line
 //! `repo=<owner/name> commit=<sha>` per repository; the server runs until killed.
 //!
@@ -42,9 +42,12 @@ enum Cmd {
         /// Address to bind (loopback by default; port 0 picks a free port).
         #[arg(long, default_value = "127.0.0.1:0")]
         addr: SocketAddr,
-        /// A repository that needs the token from env `SD_HUB_TOKEN` (repeatable).
+        /// A gated repository: `resolve` needs the token from env `SD_HUB_TOKEN` (repeatable).
         #[arg(long)]
         gated: Vec<String>,
+        /// A private repository: invisible without the token from env `SD_HUB_TOKEN` (repeatable).
+        #[arg(long)]
+        private: Vec<String>,
         /// Redirect LFS files with a 302 to a blob URL, as the Hub does.
         #[arg(long)]
         lfs_redirect: bool,
@@ -88,8 +91,9 @@ fn main() -> ExitCode {
             root,
             addr,
             gated,
+            private,
             lfs_redirect,
-        } => serve(root, addr, gated, lfs_redirect),
+        } => serve(root, addr, gated, private, lfs_redirect),
         Cmd::Fetch {
             endpoint,
             cache,
@@ -105,20 +109,30 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(root: PathBuf, addr: SocketAddr, gated: Vec<String>, lfs_redirect: bool) -> ExitCode {
+fn serve(
+    root: PathBuf,
+    addr: SocketAddr,
+    gated: Vec<String>,
+    private: Vec<String>,
+    lfs_redirect: bool,
+) -> ExitCode {
     let mut opts = HubOptions {
         lfs_redirect,
         ..HubOptions::default()
     };
-    if !gated.is_empty() {
+    if !gated.is_empty() || !private.is_empty() {
         let Ok(token) = std::env::var("SD_HUB_TOKEN") else {
-            eprintln!("sd-hub: --gated needs the token in env SD_HUB_TOKEN");
+            eprintln!("sd-hub: --gated/--private need the token in env SD_HUB_TOKEN");
             return ExitCode::from(2);
         };
-        opts.gated = gated
-            .into_iter()
-            .map(|r| (r, token.clone()))
-            .collect::<HashMap<_, _>>();
+        let with_token = |repos: Vec<String>| {
+            repos
+                .into_iter()
+                .map(|r| (r, token.clone()))
+                .collect::<HashMap<_, _>>()
+        };
+        opts.gated = with_token(gated);
+        opts.private = with_token(private);
     }
     let server = match HubServer::start(&root, addr, opts) {
         Ok(s) => s,

@@ -7,7 +7,8 @@
 //! `ETag` / `X-Linked-Etag` / `X-Linked-Size` / `X-Repo-Commit` headers, `Range` (206 with
 //! `Content-Range`, 416), `If-None-Match` (304), and optionally the Hub's 302 redirect of LFS files
 //! to a blob URL. Gated repositories answer 401/403 with `X-Error-Code: GatedRepo` on `resolve`
-//! without the right bearer token (their info and file list stay public, as on the Hub).
+//! without the right bearer token (their info and file list stay public, as on the Hub). Private
+//! repositories answer `X-Error-Code: RepoNotFound` everywhere without their token.
 //!
 //! A fault switch ([`HubServer::set_fault`]) cuts or stalls transfers, and a request log
 //! ([`HubServer::requests`]) lets tests see which ranges were asked for and how many bytes were sent.
@@ -60,6 +61,9 @@ pub enum HubServerError {
 pub struct HubOptions {
     /// Gated repositories: `owner/name` → the bearer token that unlocks it.
     pub gated: HashMap<String, String>,
+    /// Private repositories: `owner/name` → the bearer token that can see it. Without it every
+    /// endpoint answers `RepoNotFound` (401 without a token, 404 with a wrong one), as the Hub does.
+    pub private: HashMap<String, String>,
     /// Answer `resolve` of LFS files with a 302 to `/_lfs/…` like the Hub's CDN redirect.
     pub lfs_redirect: bool,
 }
@@ -68,6 +72,7 @@ impl std::fmt::Debug for HubOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HubOptions")
             .field("gated", &self.gated.keys().collect::<Vec<_>>())
+            .field("private", &self.private.keys().collect::<Vec<_>>())
             .field("lfs_redirect", &self.lfs_redirect)
             .finish()
     }
@@ -113,6 +118,7 @@ impl HubServer {
         let state = Arc::new(routes::HubState {
             repos,
             gated: opts.gated,
+            private: opts.private,
             lfs_redirect: opts.lfs_redirect,
             base_url: format!("http://{local}"),
             faults: Mutex::new(Vec::new()),

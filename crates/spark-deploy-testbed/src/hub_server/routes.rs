@@ -31,6 +31,7 @@ const CHUNK: usize = 64 * 1024;
 pub(crate) struct HubState {
     pub(crate) repos: BTreeMap<String, Repo>,
     pub(crate) gated: HashMap<String, String>,
+    pub(crate) private: HashMap<String, String>,
     pub(crate) lfs_redirect: bool,
     pub(crate) base_url: String,
     pub(crate) faults: Mutex<Vec<FaultRule>>,
@@ -148,6 +149,28 @@ fn lookup<'a>(state: &'a HubState, owner: &str, name: &str) -> Result<&'a Repo, 
     state.repos.get(&id).ok_or_else(|| repo_not_found(&id))
 }
 
+/// Like [`lookup`], but a private repository is invisible without its token, as on the Hub:
+/// 401 `RepoNotFound` without a token, 404 `RepoNotFound` with a wrong one.
+#[allow(clippy::result_large_err)] // handlers return the error response as is
+fn lookup_auth<'a>(
+    state: &'a HubState,
+    owner: &str,
+    name: &str,
+    headers: &HeaderMap,
+) -> Result<&'a Repo, Response> {
+    let repo = lookup(state, owner, name)?;
+    match (state.private.get(&repo.id), bearer(headers)) {
+        (None, _) => Ok(repo),
+        (Some(want), Some(t)) if t == want => Ok(repo),
+        (Some(_), None) => {
+            let mut r = repo_not_found(&repo.id);
+            *r.status_mut() = StatusCode::UNAUTHORIZED;
+            Err(r)
+        }
+        (Some(_), Some(_)) => Err(repo_not_found(&repo.id)),
+    }
+}
+
 fn rev_ok(repo: &Repo, rev: &str) -> bool {
     rev == "main" || rev == repo.commit
 }
@@ -209,7 +232,7 @@ fn info_json(state: &HubState, repo: &Repo, blobs: bool) -> Value {
         "sha": repo.commit,
         "lastModified": CREATED,
         "createdAt": CREATED,
-        "private": false,
+        "private": state.private.contains_key(&repo.id),
         "disabled": false,
         "gated": gated,
         "downloads": 0,
@@ -250,7 +273,7 @@ fn info_common(
     q: &HashMap<String, String>,
     req: &Request,
 ) -> Response {
-    let resp = match lookup(state, owner, name) {
+    let resp = match lookup_auth(state, owner, name, req.headers()) {
         Err(r) => r,
         Ok(repo) if !rev_ok(repo, rev) => revision_not_found(rev),
         Ok(repo) => axum::Json(info_json(state, repo, wants_blobs(q))).into_response(),
@@ -335,7 +358,7 @@ fn tree_common(
     let recursive = q
         .get("recursive")
         .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    let resp = match lookup(state, owner, name) {
+    let resp = match lookup_auth(state, owner, name, req.headers()) {
         Err(r) => r,
         Ok(repo) if !rev_ok(repo, rev) => revision_not_found(rev),
         Ok(repo) => match tree_listing(repo, path, recursive) {
@@ -365,7 +388,7 @@ async fn paths_info(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let resp = match lookup(&state, &owner, &name) {
+    let resp = match lookup_auth(&state, &owner, &name, &headers) {
         Err(r) => r,
         Ok(repo) if !rev_ok(repo, &rev) => revision_not_found(&rev),
         Ok(repo) => {
@@ -428,7 +451,7 @@ async fn resolve(
     let method = req.method().clone();
     let headers = req.headers().clone();
     let uri_path = req.uri().path().to_owned();
-    let repo = match lookup(&state, &owner, &name) {
+    let repo = match lookup_auth(&state, &owner, &name, &headers) {
         Ok(r) => r,
         Err(resp) => {
             log(&state, record(&method, &uri_path, &headers, resp.status()));
@@ -490,12 +513,14 @@ async fn lfs_blob(
     let method = req.method().clone();
     let headers = req.headers().clone();
     let uri_path = req.uri().path().to_owned();
-    let found = lookup(&state, &owner, &name).ok().and_then(|repo| {
-        repo.files
-            .values()
-            .find(|f| f.lfs_sha256.as_deref() == Some(sha.as_str()))
-            .map(|f| (repo, f))
-    });
+    let found = lookup_auth(&state, &owner, &name, &headers)
+        .ok()
+        .and_then(|repo| {
+            repo.files
+                .values()
+                .find(|f| f.lfs_sha256.as_deref() == Some(sha.as_str()))
+                .map(|f| (repo, f))
+        });
     match found {
         Some((repo, file)) => serve_file(&state, repo, file, &method, &headers, &uri_path).await,
         None => {

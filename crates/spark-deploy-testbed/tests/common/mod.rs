@@ -11,6 +11,8 @@ pub const GATED_TOKEN: &str = "hf_testbed_gated_secret_4242";
 pub const TINY: &str = "testorg/tiny";
 pub const GATED: &str = "testorg/gated";
 pub const EDGE: &str = "testorg/edge-cases";
+pub const PRIVATE: &str = "testorg/private";
+pub const PRIVATE_TOKEN: &str = "hf_testbed_private_secret_77";
 pub const SHARD: &str = "model-00001-of-00002.safetensors";
 pub const BIAS_A: &str = "model.layers.0.mlp.gate.bias_vl";
 pub const BIAS_B: &str = "model.layers.1.mlp.gate.bias_vl";
@@ -122,6 +124,8 @@ pub fn make_tree() -> Tree {
     edge.insert("empty.txt".into(), Vec::new());
     edge.insert("dir with space/a b#1.json".into(), b"{\"x\": 1}".to_vec());
     edge.insert("weights/100%.bin".into(), bytes(8, 4096));
+    let private = files.entry(PRIVATE.into()).or_default();
+    private.insert("config.json".into(), br#"{"private":true}"#.to_vec());
     for (repo, fs) in &files {
         for (rel, data) in fs {
             let p = dir.path().join(repo).join(rel);
@@ -139,6 +143,7 @@ pub fn loopback() -> SocketAddr {
 pub fn start(tree: &Tree, lfs_redirect: bool) -> HubServer {
     let opts = HubOptions {
         gated: HashMap::from([(GATED.to_owned(), GATED_TOKEN.to_owned())]),
+        private: HashMap::from([(PRIVATE.to_owned(), PRIVATE_TOKEN.to_owned())]),
         lfs_redirect,
     };
     HubServer::start(tree.root(), loopback(), opts).unwrap()
