@@ -257,7 +257,16 @@ impl Hub {
     /// [`HubError::Build`] if the HTTP clients cannot be built or the endpoint is not a URL.
     pub fn new(cfg: HubConfig) -> Result<Self, HubError> {
         let build = |e: Box<dyn std::error::Error + Send + Sync>| HubError::Build(e);
+        let ua = format!("spark-deploy/{}", env!("CARGO_PKG_VERSION"));
+        // hf-hub's own client has no timeouts: give it one, so a hung Hub cannot hang resolution.
+        let api_http = reqwest::Client::builder()
+            .user_agent(ua.clone())
+            .connect_timeout(cfg.connect_timeout)
+            .timeout(Duration::from_secs(120))
+            .build()
+            .map_err(|e| build(Box::new(e)))?;
         let mut b = hf_hub::HFClient::builder()
+            .client(api_http)
             .cache_dir(cfg.cache_dir.clone())
             .retry_max_attempts(3);
         if let Some(e) = &cfg.endpoint {
@@ -274,7 +283,6 @@ impl Hub {
             v.set_sensitive(true);
             headers.insert(header::AUTHORIZATION, v);
         }
-        let ua = format!("spark-deploy/{}", env!("CARGO_PKG_VERSION"));
         let http = reqwest::Client::builder()
             .default_headers(headers.clone())
             .user_agent(ua.clone())
