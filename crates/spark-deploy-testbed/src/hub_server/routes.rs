@@ -671,7 +671,7 @@ fn body_stream(
                 if st.sent >= bytes {
                     // Let the bytes already handed over reach the client, then drop the connection
                     // (so "bytes sent" means "bytes delivered" for the tests' accounting).
-                    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionAborted,
                         "fault injection: transfer cut",
