@@ -655,3 +655,16 @@ async fn a_private_repo_is_not_found_without_its_token() {
         .unwrap();
     assert_eq!(read_tree(&report.snapshot_dir), tree.files[PRIVATE]);
 }
+
+/// The FetchCheckpoint step spawns these futures on a multi-thread runtime: they must be `Send`.
+#[allow(dead_code)]
+fn hub_futures_are_send(hub: &Hub, r: &spark_deploy_core::hub::ResolvedRepo, files: &[RemoteFile]) {
+    fn send<T: Send>(_: T) {}
+    send(hub.resolve(TINY, "main"));
+    send(hub.list_files(r));
+    send(hub.fetch(r, files, &NoProgress));
+    send(hub.fetch_repo(TINY, "main", &[], &NoProgress));
+    send(hub.read_tensors(r, SHARD, &[BIAS_A]));
+    fn sync<T: Send + Sync>(_: &T) {}
+    sync(hub);
+}

@@ -258,12 +258,18 @@ impl Hub {
     ) -> Result<FetchReport, FetchError> {
         // 1. Metadata.
         let metas: Vec<(RemoteFile, Result<FileMeta, HubError>)> =
-            futures::stream::iter(files.iter().cloned())
-                .map(|f| async move {
-                    let m = self.file_meta(r, &f.path).await;
-                    (f, m)
-                })
-                .buffer_unordered(self.cfg.max_streams.max(1) * 2)
+            // Futures are built first (not in `StreamExt::map`) so the whole fetch stays `Send`.
+            futures::stream::iter(
+                files
+                    .iter()
+                    .cloned()
+                    .map(|f| async move {
+                        let m = self.file_meta(r, &f.path).await;
+                        (f, m)
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .buffer_unordered(self.cfg.max_streams.max(1) * 2)
                 .collect()
                 .await;
         let mut jobs: BTreeMap<String, Job> = BTreeMap::new();
@@ -334,15 +340,17 @@ impl Hub {
 
         // 2. Blobs, a bounded number at once.
         let tally_ref = &tally;
-        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> =
-            futures::stream::iter(jobs.values())
+        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = futures::stream::iter(
+            jobs.values()
                 .map(|job| async move {
                     let o = self.fetch_blob(r, job, tally_ref).await?;
                     Ok((job.etag.clone(), o))
                 })
-                .buffer_unordered(self.cfg.max_streams.max(1))
-                .collect()
-                .await;
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(self.cfg.max_streams.max(1))
+        .collect()
+        .await;
         let mut outcome_of = BTreeMap::new();
         for o in outcomes {
             let (etag, outcome) = o?;
