@@ -377,6 +377,10 @@ async fn verify_only_works_with_the_server_stopped() {
             .contains("nested/deeper/extra.bin")
     );
     assert!(verify_snapshot(hub.cache(), "testorg/absent", "main", None).is_err());
+    let only = hub
+        .verify_only(TINY, &r.commit, Some(&["config.json".to_owned()]))
+        .unwrap();
+    assert!(only.is_ok() && only.verified == ["config.json"]);
 }
 
 #[tokio::test]

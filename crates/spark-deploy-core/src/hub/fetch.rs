@@ -224,6 +224,22 @@ fn glob_match(pat: &str, s: &str) -> bool {
 }
 
 impl Hub {
+    /// Verify-only mode: check the cached snapshot of `repo` at `revision` (a commit, or a branch
+    /// recorded in `refs/`) with **no network**; see [`verify::verify_snapshot`]. `wanted` limits
+    /// the check to these paths (and reports any of them missing).
+    ///
+    /// # Errors
+    /// [`VerifyError::NoSnapshot`] when nothing is cached for that revision; per-file problems
+    /// are listed in the report.
+    pub fn verify_only(
+        &self,
+        repo: &str,
+        revision: &str,
+        wanted: Option<&[String]>,
+    ) -> Result<verify::VerifyReport, VerifyError> {
+        verify::verify_snapshot(&self.cache, repo, revision, wanted)
+    }
+
     /// Resolve `repo` at `revision`, list it, and [`fetch`](Hub::fetch) the files matching
     /// `patterns` (see [`select`]; empty = all files).
     ///
