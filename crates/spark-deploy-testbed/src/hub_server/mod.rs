@@ -16,7 +16,9 @@
 //! The server runs on its own thread and runtime, so it works from sync and async tests alike, and
 //! stops when [`HubServer::stop`] is called or the handle is dropped.
 
+mod api;
 mod fault;
+mod files;
 mod range;
 pub mod repo;
 mod routes;
