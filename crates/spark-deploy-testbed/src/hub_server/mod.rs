@@ -3,7 +3,7 @@
 //! Serves repositories from a directory tree (`<root>/<owner>/<name>/`, the files of one commit)
 //! at a pinned revision: a 40-hex commit sha computed from the content, plus the branch `main`.
 //! It speaks the endpoints the Rust `hf-hub` 1.0 client and the Python `huggingface_hub` client use
-//! (see [`routes`] for the table): repo info with siblings, the tree listing, and `resolve` with
+//! (the route table is in `routes.rs`): repo info with siblings, the tree listing, and `resolve` with
 //! `ETag` / `X-Linked-Etag` / `X-Linked-Size` / `X-Repo-Commit` headers, `Range` (206 with
 //! `Content-Range`, 416), `If-None-Match` (304), and optionally the Hub's 302 redirect of LFS files
 //! to a blob URL. Gated repositories answer 401/403 with `X-Error-Code: GatedRepo` on `resolve`
