@@ -1,1 +1,50 @@
-//! The Hub port: resolve, download, verify.
+//! The Hub port: resolve, list, download (resumable, verified) into the standard HF cache,
+//! verify a cache offline, and read single tensors of remote safetensors files by byte range.
+//!
+//! # Usage (the FetchCheckpoint step)
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! use spark_deploy_core::hub::{Hub, HubConfig, NoProgress, select, verify_snapshot};
+//! let hub = Hub::new(HubConfig::from_env())?;               // token: HF_TOKEN or $HF_HOME/token
+//! let pinned = hub.resolve("org/model", "0123456789abcdef0123456789abcdef01234567").await?;
+//! let files = hub.list_files(&pinned).await?;
+//! let wanted: Vec<_> = select(&files, &["*.json".into(), "*.safetensors".into()])
+//!     .into_iter().cloned().collect();
+//! let report = hub.fetch(&pinned, &wanted, &NoProgress).await?;
+//! let _ = report.summary();                                  // "all N files present and verified …"
+//! // Air-gapped node: no network at all.
+//! let check = verify_snapshot(hub.cache(), "org/model", &pinned.commit, None)?;
+//! assert!(check.is_ok());
+//! # Ok(()) }
+//! ```
+//!
+//! # Guarantees
+//! - Every fetched file is verified (size; sha256 for LFS files, git sha1 for small ones — both
+//!   are the Hub's ETag; `.safetensors` structure); a verified blob is never fetched again, a
+//!   corrupt one is fetched again.
+//! - Partial data only ever sits in `blobs/<etag>.incomplete` and is resumed with range requests.
+//! - The token never appears in errors, events or `Debug` output ([`HfToken`]).
+//! - The core never prints: progress goes to a [`FetchProgress`] callback.
+//!
+//! # Module map
+//! [`client`] (Hub connection, resolution, listing, metadata), [`fetch`] (download loop),
+//! [`verify`] (file and snapshot checks), [`cache`] (layout), [`remote`] (tensor byte ranges),
+//! [`token`], [`progress`].
+
+pub mod cache;
+pub mod client;
+pub mod fetch;
+pub mod progress;
+pub mod remote;
+pub mod token;
+pub mod verify;
+
+pub use cache::{CacheError, HfCache};
+pub use client::{
+    FileMeta, Hub, HubConfig, HubError, RemoteFile, ResolvedRepo, TokenState, is_commit_hash,
+};
+pub use fetch::{FetchError, FetchReport, FetchedFile, select};
+pub use progress::{FetchEvent, FetchProgress, FileOutcome, NoProgress};
+pub use remote::{RemoteError, RemoteSafetensors, RemoteTensor, TensorEntry};
+pub use token::{HfToken, default_cache_dir, hf_home};
+pub use verify::{Expected, VerifyError, VerifyReport, verify_file, verify_snapshot};

@@ -1,0 +1,804 @@
+//! Resumable, verified downloads into the HF cache.
+//!
+//! # Expected flow
+//! 1. `HEAD` every selected file (bounded concurrency) for its ETag (= blob name), size and commit.
+//! 2. Files with the same ETag are fetched once.
+//! 3. Per blob: a cached blob that verifies is kept (never fetched again); a corrupt one is removed
+//!    and fetched again. Otherwise bytes go to `blobs/<etag>.incomplete`, continuing from its
+//!    length with `Range: bytes=<len>-`. A transfer that stalls (no byte for
+//!    [`HubConfig::stall_timeout`](super::HubConfig)) or breaks is retried with exponential
+//!    backoff; [`HubConfig::max_retries`](super::HubConfig) consecutive failures *without
+//!    progress* end the fetch.
+//! 4. The complete file is verified (size, sha256 / git sha1, safetensors structure), then renamed
+//!    to `blobs/<etag>`, and `snapshots/<commit>/<path>` is linked to it. A partial file never sits
+//!    under a final name.
+//! 5. A branch revision is recorded in `refs/<branch>`.
+//!
+//! # Caveats
+//! No cross-process lock is taken: do not run two fetches of the same repository into one cache at
+//! the same time (the Python client's `.locks` are not honoured either).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use tokio::io::AsyncWriteExt as _;
+
+use super::cache::CacheError;
+use super::client::{FileMeta, Hub, HubError, RemoteFile, ResolvedRepo};
+use super::progress::{FetchEvent, FetchProgress, FileOutcome};
+use super::verify::{self, Expected, ManifestEntry, StreamHasher, VerifyError};
+
+/// Errors of a fetch.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The Hub refused or failed (access, not found, bad response).
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// A file kept failing without progress.
+    #[error(
+        "{file} of {repo} at {commit}: gave up after {attempts} consecutive failed attempts; last: {last}"
+    )]
+    GaveUp {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        last: String,
+    },
+    /// A complete download did not verify, twice.
+    #[error("{file} of {repo} at {commit}: the downloaded file does not verify")]
+    Verify {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// What is wrong.
+        #[source]
+        source: Box<VerifyError>,
+    },
+    /// The listing and the file's metadata disagree.
+    #[error("{file} of {repo} at {commit}: {what}")]
+    Inconsistent {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// What disagrees.
+        what: String,
+    },
+    /// A cache file operation failed.
+    #[error("{file} of {repo}: cache I/O failed on {path}")]
+    Io {
+        /// Repository id.
+        repo: String,
+        /// Repository-relative path.
+        file: String,
+        /// Path involved.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Linking the snapshot or writing a ref failed.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+/// One file of a finished fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedFile {
+    /// Repository-relative path.
+    pub path: String,
+    /// Blob name.
+    pub etag: String,
+    /// Size.
+    pub size: u64,
+    /// Where it is: `snapshots/<commit>/<path>`.
+    pub local: PathBuf,
+    /// How it got there.
+    pub outcome: FileOutcome,
+}
+
+/// Result of a fetch.
+#[derive(Debug, Clone)]
+pub struct FetchReport {
+    /// The pinned repository.
+    pub repo: ResolvedRepo,
+    /// `snapshots/<commit>`.
+    pub snapshot_dir: PathBuf,
+    /// Every selected file, present and verified.
+    pub files: Vec<FetchedFile>,
+    /// Bytes received over the network.
+    pub transferred: u64,
+}
+
+impl FetchReport {
+    /// "all N files present and verified".
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let fetched = self
+            .files
+            .iter()
+            .filter(|f| f.outcome != FileOutcome::AlreadyVerified)
+            .count();
+        format!(
+            "all {} files present and verified ({fetched} fetched, {} bytes transferred)",
+            self.files.len(),
+            self.transferred
+        )
+    }
+}
+
+struct Tally<'a> {
+    total: u64,
+    done: AtomicU64,
+    transferred: AtomicU64,
+    start: Instant,
+    progress: &'a dyn FetchProgress,
+}
+
+impl Tally<'_> {
+    fn progress(&self, file: &str, file_done: u64, file_total: u64) {
+        let done = self.done.load(Ordering::Relaxed);
+        let tr = self.transferred.load(Ordering::Relaxed);
+        let secs = self.start.elapsed().as_secs_f64().max(1e-3);
+        let rate = tr as f64 / secs;
+        let eta = (rate > 0.0)
+            .then(|| Duration::from_secs_f64(self.total.saturating_sub(done) as f64 / rate));
+        self.progress.on_event(&FetchEvent::Progress {
+            file: file.to_owned(),
+            file_done,
+            file_total,
+            done,
+            total: self.total,
+            rate_bps: rate,
+            eta,
+        });
+    }
+}
+
+/// One blob to bring into the cache, and the paths that point to it.
+struct Job {
+    etag: String,
+    paths: Vec<String>,
+    size: u64,
+    expected: Expected,
+}
+
+/// What one blob transfer writes, and what it must become.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    r: &'a ResolvedRepo,
+    file: &'a str,
+    incomplete: &'a Path,
+    size: u64,
+    exp: &'a Expected,
+}
+
+enum Attempt {
+    Complete,
+    Failed { reason: String, progressed: bool },
+}
+
+/// Select files by exact path or by simple globs (`*` matches within a path segment, `**` across
+/// segments, `?` one character).
+#[must_use]
+pub fn select<'a>(files: &'a [RemoteFile], patterns: &[String]) -> Vec<&'a RemoteFile> {
+    files
+        .iter()
+        .filter(|f| patterns.is_empty() || patterns.iter().any(|p| glob_match(p, &f.path)))
+        .collect()
+}
+
+fn glob_match(pat: &str, s: &str) -> bool {
+    fn go(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) if p.get(1) == Some(&b'*') => {
+                let rest = &p[2..];
+                (0..=s.len()).any(|i| go(rest, &s[i..]))
+            }
+            (Some(b'*'), _) => {
+                let rest = &p[1..];
+                let seg = s.iter().position(|&c| c == b'/').unwrap_or(s.len());
+                (0..=seg).any(|i| go(rest, &s[i..]))
+            }
+            (Some(b'?'), Some(c)) if *c != b'/' => go(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    go(pat.as_bytes(), s.as_bytes())
+}
+
+impl Hub {
+    /// Verify-only mode: check the cached snapshot of `repo` at `revision` (a commit, or a branch
+    /// recorded in `refs/`) with **no network**; see [`verify::verify_snapshot`]. `wanted` limits
+    /// the check to these paths (and reports any of them missing).
+    ///
+    /// # Errors
+    /// [`VerifyError::NoSnapshot`] when nothing is cached for that revision; per-file problems
+    /// are listed in the report.
+    pub fn verify_only(
+        &self,
+        repo: &str,
+        revision: &str,
+        wanted: Option<&[String]>,
+    ) -> Result<verify::VerifyReport, VerifyError> {
+        verify::verify_snapshot(&self.cache, repo, revision, wanted)
+    }
+
+    /// Resolve `repo` at `revision`, list it, and [`fetch`](Hub::fetch) the files matching
+    /// `patterns` (see [`select`]; empty = all files).
+    ///
+    /// # Errors
+    /// As [`Hub::resolve`], [`Hub::list_files`] and [`Hub::fetch`].
+    pub async fn fetch_repo(
+        &self,
+        repo: &str,
+        revision: &str,
+        patterns: &[String],
+        progress: &dyn FetchProgress,
+    ) -> Result<FetchReport, FetchError> {
+        let pinned = self.resolve(repo, revision).await?;
+        let files = self.list_files(&pinned).await?;
+        let wanted: Vec<RemoteFile> = select(&files, patterns).into_iter().cloned().collect();
+        self.fetch(&pinned, &wanted, progress).await
+    }
+
+    /// Bring `files` of the pinned repository into the cache, resuming partial downloads and
+    /// verifying every file. See the module docs for the flow.
+    ///
+    /// # Errors
+    /// [`FetchError::Hub`] when the Hub refuses (e.g. [`HubError::Access`] for a gated repository
+    /// without a good token) or answers wrongly; [`FetchError::GaveUp`] after repeated stalls or
+    /// broken transfers without progress; [`FetchError::Verify`] when a fresh download does not
+    /// verify twice; [`FetchError::Io`] / [`FetchError::Cache`] on local file-system failures.
+    pub async fn fetch(
+        &self,
+        r: &ResolvedRepo,
+        files: &[RemoteFile],
+        progress: &dyn FetchProgress,
+    ) -> Result<FetchReport, FetchError> {
+        // 1. Metadata.
+        let metas: Vec<(RemoteFile, Result<FileMeta, HubError>)> =
+            // Futures are built first (not in `StreamExt::map`) so the whole fetch stays `Send`.
+            futures::stream::iter(
+                files
+                    .iter()
+                    .cloned()
+                    .map(|f| async move {
+                        let m = self.file_meta(r, &f.path).await;
+                        (f, m)
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .buffer_unordered(self.cfg.max_streams.max(1) * 2)
+                .collect()
+                .await;
+        let mut jobs: BTreeMap<String, Job> = BTreeMap::new();
+        let mut by_path: Vec<(String, String, u64)> = Vec::new();
+        for (f, m) in metas {
+            let m = m?;
+            let inconsistent = |what: String| FetchError::Inconsistent {
+                repo: r.repo.clone(),
+                commit: r.commit.clone(),
+                file: f.path.clone(),
+                what,
+            };
+            if !m.commit.eq_ignore_ascii_case(&r.commit) {
+                return Err(inconsistent(format!(
+                    "served from commit {} instead of the pinned one",
+                    m.commit
+                )));
+            }
+            if m.size != f.size {
+                return Err(inconsistent(format!(
+                    "the listing says {} bytes, the file metadata {}",
+                    f.size, m.size
+                )));
+            }
+            let mut expected = Expected::from_etag(&m.etag);
+            expected.size = Some(m.size);
+            if f.is_lfs {
+                // The LFS oid is the sha256; the Hub's ETag of an LFS file is that same sha256.
+                expected.git_sha1 = None;
+                if let Some(s) = &f.lfs_sha256 {
+                    if expected.sha256.as_ref().is_some_and(|e| e != s) {
+                        return Err(inconsistent(format!(
+                            "LFS sha256 {s} differs from the ETag {}",
+                            m.etag
+                        )));
+                    }
+                    expected.sha256 = Some(s.clone());
+                }
+            } else {
+                expected.sha256 = None;
+            }
+            by_path.push((f.path.clone(), m.etag.clone(), m.size));
+            jobs.entry(m.etag.clone())
+                .or_insert_with(|| Job {
+                    etag: m.etag.clone(),
+                    paths: Vec::new(),
+                    size: m.size,
+                    expected,
+                })
+                .paths
+                .push(f.path.clone());
+        }
+        by_path.sort();
+
+        let tally = Tally {
+            total: jobs.values().map(|j| j.size).sum(),
+            done: AtomicU64::new(0),
+            transferred: AtomicU64::new(0),
+            start: Instant::now(),
+            progress,
+        };
+        progress.on_event(&FetchEvent::Started {
+            repo: r.repo.clone(),
+            commit: r.commit.clone(),
+            files: by_path.len(),
+            total_bytes: tally.total,
+        });
+
+        // 2. Blobs, a bounded number at once.
+        let tally_ref = &tally;
+        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = futures::stream::iter(
+            jobs.values()
+                .map(|job| async move {
+                    let o = self.fetch_blob(r, job, tally_ref).await?;
+                    Ok((job.etag.clone(), o))
+                })
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(self.cfg.max_streams.max(1))
+        .collect()
+        .await;
+        let mut outcome_of = BTreeMap::new();
+        for o in outcomes {
+            let (etag, outcome) = o?;
+            outcome_of.insert(etag, outcome);
+        }
+
+        // 3. Snapshot links, ref, manifest.
+        let mut report_files = Vec::new();
+        let mut manifest = Vec::new();
+        for (path, etag, size) in by_path {
+            let local = self.cache.link_snapshot(&r.repo, &r.commit, &path, &etag)?;
+            let outcome = outcome_of
+                .get(&etag)
+                .copied()
+                .unwrap_or(FileOutcome::AlreadyVerified);
+            progress.on_event(&FetchEvent::FileDone {
+                file: path.clone(),
+                outcome,
+            });
+            manifest.push(ManifestEntry {
+                path: path.clone(),
+                etag: etag.clone(),
+                expected: jobs
+                    .get(&etag)
+                    .map(|j| j.expected.clone())
+                    .unwrap_or_default(),
+            });
+            report_files.push(FetchedFile {
+                path,
+                etag,
+                size,
+                local,
+                outcome,
+            });
+        }
+        if !super::is_commit_hash(&r.requested) {
+            self.cache.write_ref(&r.repo, &r.requested, &r.commit)?;
+        }
+        verify::update_manifest(&self.cache, &r.repo, &r.commit, &manifest);
+        let transferred = tally.transferred.load(Ordering::Relaxed);
+        progress.on_event(&FetchEvent::Finished {
+            files: report_files.len(),
+            transferred,
+        });
+        Ok(FetchReport {
+            repo: r.clone(),
+            snapshot_dir: self.cache.snapshot_dir(&r.repo, &r.commit),
+            files: report_files,
+            transferred,
+        })
+    }
+
+    async fn fetch_blob(
+        &self,
+        r: &ResolvedRepo,
+        job: &Job,
+        tally: &Tally<'_>,
+    ) -> Result<FileOutcome, FetchError> {
+        let file = job.paths.first().cloned().unwrap_or_default();
+        let blob = self.cache.blob_path(&r.repo, &job.etag);
+        let incomplete = self.cache.incomplete_path(&r.repo, &job.etag);
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            let (repo, file) = (r.repo.clone(), file.clone());
+            move |source| FetchError::Io {
+                repo,
+                file,
+                path,
+                source,
+            }
+        };
+        let mut outcome = FileOutcome::Downloaded;
+        if blob.exists() {
+            let ok = verify::stamp_ok(&self.cache, &r.repo, &job.etag)
+                || verify_blocking(&blob, &file, &job.expected).await.is_ok();
+            if ok {
+                verify::write_stamp(&self.cache, &r.repo, &job.etag);
+                tally.done.fetch_add(job.size, Ordering::Relaxed);
+                tally.progress(&file, job.size, job.size);
+                return Ok(FileOutcome::AlreadyVerified);
+            }
+            verify::remove_stamp(&self.cache, &r.repo, &job.etag);
+            tokio::fs::remove_file(&blob).await.map_err(io(&blob))?;
+            outcome = FileOutcome::Refetched;
+        }
+        if let Some(dir) = blob.parent() {
+            tokio::fs::create_dir_all(dir).await.map_err(io(dir))?;
+        }
+        let mut bad_downloads = 0;
+        loop {
+            let mut hasher = Some(StreamHasher::new(&job.expected, job.size));
+            self.download_to(
+                Target {
+                    r,
+                    file: &file,
+                    incomplete: &incomplete,
+                    size: job.size,
+                    exp: &job.expected,
+                },
+                &mut hasher,
+                tally,
+            )
+            .await?;
+            let checked = match hasher {
+                Some(h) => verify_streamed_blocking(&incomplete, &file, &job.expected, h).await,
+                None => verify_blocking(&incomplete, &file, &job.expected).await,
+            };
+            match checked {
+                Ok(()) => break,
+                Err(e) => {
+                    tokio::fs::remove_file(&incomplete)
+                        .await
+                        .map_err(io(&incomplete))?;
+                    tally.done.fetch_sub(job.size, Ordering::Relaxed);
+                    bad_downloads += 1;
+                    if bad_downloads >= 2 {
+                        return Err(FetchError::Verify {
+                            repo: r.repo.clone(),
+                            commit: r.commit.clone(),
+                            file,
+                            source: Box::new(e),
+                        });
+                    }
+                    tally.progress.on_event(&FetchEvent::Retrying {
+                        file: file.clone(),
+                        attempt: bad_downloads,
+                        reason: format!("downloaded file does not verify: {e}"),
+                        backoff: Duration::ZERO,
+                    });
+                }
+            }
+        }
+        tokio::fs::rename(&incomplete, &blob)
+            .await
+            .map_err(io(&blob))?;
+        verify::write_stamp(&self.cache, &r.repo, &job.etag);
+        Ok(outcome)
+    }
+
+    /// Fill `incomplete` up to `size` bytes, resuming from its length.
+    async fn download_to(
+        &self,
+        t: Target<'_>,
+        hasher: &mut Option<StreamHasher>,
+        tally: &Tally<'_>,
+    ) -> Result<(), FetchError> {
+        let Target {
+            r,
+            file,
+            incomplete,
+            size,
+            ..
+        } = t;
+        let mut fails = 0u32;
+        let mut first = true;
+        // An empty file needs no transfer, but still an (empty) file to verify and rename.
+        tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(incomplete)
+            .await
+            .map_err(|e| self.io_err(r, file, incomplete, e))?;
+        loop {
+            let have = tokio::fs::metadata(incomplete).await.map_or(0, |m| m.len());
+            let have = if have > size {
+                truncate(incomplete, 0)
+                    .await
+                    .map_err(|e| self.io_err(r, file, incomplete, e))?;
+                0
+            } else {
+                have
+            };
+            if first {
+                tally.done.fetch_add(have, Ordering::Relaxed);
+                first = false;
+            }
+            if have == size {
+                return Ok(());
+            }
+            tally.progress.on_event(&FetchEvent::FileStarted {
+                file: file.to_owned(),
+                offset: have,
+                size,
+            });
+            match self.attempt(t, have, hasher, tally).await? {
+                Attempt::Complete => return Ok(()),
+                Attempt::Failed { reason, progressed } => {
+                    if progressed {
+                        fails = 0;
+                    }
+                    fails += 1;
+                    if fails > self.cfg.max_retries {
+                        return Err(FetchError::GaveUp {
+                            repo: r.repo.clone(),
+                            commit: r.commit.clone(),
+                            file: file.to_owned(),
+                            attempts: fails,
+                            last: reason,
+                        });
+                    }
+                    let backoff = self
+                        .cfg
+                        .backoff_base
+                        .saturating_mul(1u32 << (fails - 1).min(16))
+                        .min(self.cfg.backoff_max);
+                    tally.progress.on_event(&FetchEvent::Retrying {
+                        file: file.to_owned(),
+                        attempt: fails,
+                        reason,
+                        backoff,
+                    });
+                    tokio::time::sleep(backoff).await;
+                }
+            }
+        }
+    }
+
+    fn io_err(
+        &self,
+        r: &ResolvedRepo,
+        file: &str,
+        path: &Path,
+        source: std::io::Error,
+    ) -> FetchError {
+        FetchError::Io {
+            repo: r.repo.clone(),
+            file: file.to_owned(),
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// One ranged GET appended to `incomplete`. Transport trouble is `Attempt::Failed`; refusals
+    /// by the Hub (access, not found) are errors.
+    async fn attempt(
+        &self,
+        t: Target<'_>,
+        mut have: u64,
+        hasher: &mut Option<StreamHasher>,
+        tally: &Tally<'_>,
+    ) -> Result<Attempt, FetchError> {
+        let Target {
+            r,
+            file,
+            incomplete,
+            size,
+            exp,
+        } = t;
+        let stall = self.cfg.stall_timeout;
+        let failed = |reason: String, progressed: bool| Ok(Attempt::Failed { reason, progressed });
+        let url = self.resolve_url(r, file)?;
+        let mut req = self
+            .http
+            .get(url)
+            .header(reqwest::header::ACCEPT_ENCODING, "identity");
+        if have > 0 {
+            req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
+        }
+        let resp = match tokio::time::timeout(stall, req.send()).await {
+            Err(_) => return failed(format!("no response within {stall:?}"), false),
+            Ok(Err(e)) => return failed(format!("request failed: {}", e.without_url()), false),
+            Ok(Ok(resp)) => resp,
+        };
+        let status = resp.status().as_u16();
+        let mut truncate_to_zero = false;
+        match status {
+            206 => {
+                let cr = resp
+                    .headers()
+                    .get(reqwest::header::CONTENT_RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                if !cr.starts_with(&format!("bytes {have}-")) || !cr.ends_with(&format!("/{size}"))
+                {
+                    return failed(
+                        format!("asked for bytes={have}- but got Content-Range {cr:?}"),
+                        false,
+                    );
+                }
+            }
+            200 => {
+                if have > 0 {
+                    // The server ignored the range: start over rather than corrupt the file.
+                    truncate_to_zero = true;
+                }
+            }
+            416 => {
+                truncate(incomplete, 0)
+                    .await
+                    .map_err(|e| self.io_err(r, file, incomplete, e))?;
+                tally.done.fetch_sub(have, Ordering::Relaxed);
+                return failed(
+                    "416 range not satisfiable; restarting the file".into(),
+                    false,
+                );
+            }
+            408 | 429 | 500..=599 => return failed(format!("HTTP {status}"), false),
+            _ => return Err(self.status_error(r, file, &resp).into()),
+        }
+        if truncate_to_zero {
+            truncate(incomplete, 0)
+                .await
+                .map_err(|e| self.io_err(r, file, incomplete, e))?;
+            tally.done.fetch_sub(have, Ordering::Relaxed);
+            have = 0;
+        }
+        // The digests must cover exactly the bytes already on disk before we append.
+        if let Some(h) = hasher.take() {
+            *hasher = catch_up_blocking(h, incomplete, have, exp).await;
+        }
+        let f = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(incomplete)
+            .await
+            .map_err(|e| self.io_err(r, file, incomplete, e))?;
+        let mut out = tokio::io::BufWriter::with_capacity(1 << 20, f);
+        let mut stream = resp.bytes_stream();
+        let mut got = 0u64;
+        let mut last_event = Instant::now();
+        let result = loop {
+            match tokio::time::timeout(stall, stream.next()).await {
+                Err(_) => break Some(format!("stalled: no byte for {stall:?}")),
+                Ok(None) => break None,
+                Ok(Some(Err(e))) => break Some(format!("transfer broke: {}", e.without_url())),
+                Ok(Some(Ok(chunk))) => {
+                    let n = chunk.len() as u64;
+                    if have + got + n > size {
+                        break Some(format!("server sent more than the {size} bytes announced"));
+                    }
+                    if let Err(e) = out.write_all(&chunk).await {
+                        return Err(self.io_err(r, file, incomplete, e));
+                    }
+                    if let Some(h) = hasher.as_mut() {
+                        h.update(&chunk);
+                    }
+                    got += n;
+                    tally.done.fetch_add(n, Ordering::Relaxed);
+                    tally.transferred.fetch_add(n, Ordering::Relaxed);
+                    if last_event.elapsed() >= Duration::from_millis(100) {
+                        last_event = Instant::now();
+                        tally.progress(file, have + got, size);
+                    }
+                }
+            }
+        };
+        out.flush()
+            .await
+            .map_err(|e| self.io_err(r, file, incomplete, e))?;
+        let f = out.into_inner();
+        f.sync_data()
+            .await
+            .map_err(|e| self.io_err(r, file, incomplete, e))?;
+        tally.progress(file, have + got, size);
+        match result {
+            None if have + got == size => Ok(Attempt::Complete),
+            None => failed(
+                format!("body ended at byte {} of {size}", have + got),
+                got > 0,
+            ),
+            Some(reason) => failed(reason, got > 0),
+        }
+    }
+}
+
+async fn truncate(path: &Path, len: u64) -> std::io::Result<()> {
+    match tokio::fs::OpenOptions::new().write(true).open(path).await {
+        Ok(f) => f.set_len(len).await,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Catch the hasher up to `to` bytes of the file; `None` (verify by re-reading later) on failure.
+async fn catch_up_blocking(
+    mut h: StreamHasher,
+    path: &Path,
+    to: u64,
+    exp: &Expected,
+) -> Option<StreamHasher> {
+    let (path, exp) = (path.to_path_buf(), exp.clone());
+    tokio::task::spawn_blocking(move || h.catch_up(&path, to, &exp).ok().map(|()| h))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn verify_streamed_blocking(
+    path: &Path,
+    file: &str,
+    exp: &Expected,
+    h: StreamHasher,
+) -> Result<(), VerifyError> {
+    let (path, file, exp) = (path.to_path_buf(), file.to_owned(), exp.clone());
+    let p2 = path.clone();
+    tokio::task::spawn_blocking(move || verify::verify_streamed(&path, &file, &exp, h))
+        .await
+        .unwrap_or_else(|e| {
+            Err(VerifyError::Io {
+                path: p2,
+                source: std::io::Error::other(e),
+            })
+        })
+}
+
+async fn verify_blocking(path: &Path, file: &str, exp: &Expected) -> Result<(), VerifyError> {
+    let (path, file, exp) = (path.to_path_buf(), file.to_owned(), exp.clone());
+    let p2 = path.clone();
+    tokio::task::spawn_blocking(move || verify::verify_file(&path, &file, &exp))
+        .await
+        .unwrap_or_else(|e| {
+            Err(VerifyError::Io {
+                path: p2,
+                source: std::io::Error::other(e),
+            })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*.json", "config.json"));
+        assert!(!glob_match("*.json", "a/config.json"));
+        assert!(glob_match("**.json", "a/config.json"));
+        assert!(glob_match(
+            "model-*-of-*.safetensors",
+            "model-00001-of-00039.safetensors"
+        ));
+        assert!(glob_match("a/?.bin", "a/x.bin"));
+        assert!(!glob_match("a/?.bin", "a/xy.bin"));
+    }
+}

@@ -1,0 +1,330 @@
+//! Byte-range reads of a remote safetensors file: the header, then only the named tensors.
+//!
+//! Used to extract small tensors (e.g. the `bias_vl` routing biases, ~65 KB) from multi-GB shards
+//! without downloading them: one ranged GET for the header (usually a single 64 KiB request),
+//! then one ranged GET per run of adjacent requested tensors.
+
+use std::collections::BTreeMap;
+
+use super::client::{Hub, HubError, ResolvedRepo};
+
+/// A run of adjacent tensors: `[start, end)` in the file and its members.
+type Run<'a> = (u64, u64, Vec<(&'a str, &'a TensorEntry)>);
+
+/// First request size: header length plus, usually, the whole header.
+const HEAD_PROBE: u64 = 64 * 1024;
+
+/// Errors of remote safetensors reads.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The Hub refused or failed.
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// The server did not honour the range (it would have sent the whole file).
+    #[error(
+        "{file} of {repo} at {commit}: the server ignored the byte range {start}-{end} (HTTP {status})"
+    )]
+    RangeIgnored {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// First byte asked for.
+        start: u64,
+        /// Last byte asked for (inclusive).
+        end: u64,
+        /// Status received.
+        status: u16,
+    },
+    /// The bytes received are not what was asked for.
+    #[error("{file} of {repo} at {commit}: {what}")]
+    Short {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// What went wrong.
+        what: String,
+    },
+    /// The header does not parse or validate.
+    #[error("{file} of {repo} at {commit}: bad safetensors header: {reason}")]
+    Header {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A requested tensor is not in the file.
+    #[error("{file} of {repo} at {commit}: no tensor named {name}")]
+    NoTensor {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// Tensor name.
+        name: String,
+    },
+}
+
+/// Where one tensor lives in a safetensors file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// dtype as written in the header (`BF16`, `F32`, …).
+    pub dtype: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Absolute byte offsets in the file, `[begin, end)`.
+    pub file_range: (u64, u64),
+}
+
+/// The parsed header of a remote safetensors file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSafetensors {
+    /// Repository-relative path.
+    pub file: String,
+    /// `N`, the JSON header length.
+    pub header_len: u64,
+    /// `__metadata__`, if any.
+    pub metadata: BTreeMap<String, String>,
+    /// Tensors by name.
+    pub tensors: BTreeMap<String, TensorEntry>,
+}
+
+/// One tensor's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteTensor {
+    /// Tensor name.
+    pub name: String,
+    /// Where it is and what it is.
+    pub entry: TensorEntry,
+    /// Its raw little-endian bytes.
+    pub data: bytes::Bytes,
+}
+
+impl Hub {
+    /// GET bytes `start..=end` of a file at the pinned commit, insisting on a 206.
+    async fn get_range(
+        &self,
+        r: &ResolvedRepo,
+        file: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<bytes::Bytes, RemoteError> {
+        let url = self.resolve_url(r, file)?;
+        let mut last = None;
+        for attempt in 0..=self.cfg.max_retries {
+            if attempt > 0 {
+                let b = self
+                    .cfg
+                    .backoff_base
+                    .saturating_mul(1u32 << (attempt - 1).min(16))
+                    .min(self.cfg.backoff_max);
+                tokio::time::sleep(b).await;
+            }
+            let resp = match tokio::time::timeout(
+                self.cfg.stall_timeout,
+                self.http
+                    .get(url.clone())
+                    .header(reqwest::header::RANGE, format!("bytes={start}-{end}"))
+                    .header(reqwest::header::ACCEPT_ENCODING, "identity")
+                    .send(),
+            )
+            .await
+            {
+                Err(_) => continue,
+                Ok(Err(e)) => {
+                    last = Some(self.transport(r, file, e));
+                    continue;
+                }
+                Ok(Ok(resp)) => resp,
+            };
+            let status = resp.status().as_u16();
+            match status {
+                206 => {}
+                200 => {
+                    return Err(RemoteError::RangeIgnored {
+                        repo: r.repo.clone(),
+                        commit: r.commit.clone(),
+                        file: file.to_owned(),
+                        start,
+                        end,
+                        status,
+                    });
+                }
+                408 | 429 | 500..=599 => continue,
+                _ => return Err(self.status_error(r, file, &resp).into()),
+            }
+            match tokio::time::timeout(self.cfg.stall_timeout, resp.bytes()).await {
+                Ok(Ok(b)) => return Ok(b),
+                Ok(Err(e)) => last = Some(self.transport(r, file, e)),
+                Err(_) => {}
+            }
+        }
+        Err(match last {
+            Some(e) => e.into(),
+            None => RemoteError::Short {
+                repo: r.repo.clone(),
+                commit: r.commit.clone(),
+                file: file.to_owned(),
+                what: format!(
+                    "bytes {start}-{end} did not arrive after {} attempts",
+                    self.cfg.max_retries + 1
+                ),
+            },
+        })
+    }
+
+    /// Read and validate the header of a remote `.safetensors` file with range requests only.
+    ///
+    /// # Errors
+    /// [`RemoteError::Hub`] (access, not found…), [`RemoteError::RangeIgnored`] if the server would
+    /// send the whole file, [`RemoteError::Header`] if the header is invalid.
+    pub async fn read_safetensors_header(
+        &self,
+        r: &ResolvedRepo,
+        file: &str,
+    ) -> Result<RemoteSafetensors, RemoteError> {
+        let bad = |reason: String| RemoteError::Header {
+            repo: r.repo.clone(),
+            commit: r.commit.clone(),
+            file: file.to_owned(),
+            reason,
+        };
+        let probe = self.get_range(r, file, 0, HEAD_PROBE - 1).await?;
+        let n_bytes: [u8; 8] = probe
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| bad("shorter than 8 bytes".into()))?;
+        let n = u64::from_le_bytes(n_bytes);
+        if n > 100_000_000 {
+            return Err(bad(format!("header length {n} is implausible")));
+        }
+        let hdr = if 8 + n <= probe.len() as u64 {
+            probe.slice(8..usize::try_from(8 + n).map_err(|e| bad(e.to_string()))?)
+        } else {
+            let rest = self
+                .get_range(r, file, probe.len() as u64, 8 + n - 1)
+                .await?;
+            let mut v = probe.slice(8..).to_vec();
+            v.extend_from_slice(&rest);
+            bytes::Bytes::from(v)
+        };
+        if hdr.len() as u64 != n {
+            return Err(bad(format!("header has {} bytes, expected {n}", hdr.len())));
+        }
+        // Full validation by the safetensors crate (contiguous, sizes match shapes and dtypes).
+        super::verify::data_len_of_header(&hdr).map_err(bad)?;
+        let raw: BTreeMap<String, serde_json::Value> =
+            serde_json::from_slice(&hdr).map_err(|e| bad(e.to_string()))?;
+        let mut out = RemoteSafetensors {
+            file: file.to_owned(),
+            header_len: n,
+            metadata: BTreeMap::new(),
+            tensors: BTreeMap::new(),
+        };
+        for (name, v) in raw {
+            if name == "__metadata__" {
+                out.metadata = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
+                continue;
+            }
+            #[derive(serde::Deserialize)]
+            struct Info {
+                dtype: String,
+                shape: Vec<usize>,
+                data_offsets: (u64, u64),
+            }
+            let i: Info = serde_json::from_value(v).map_err(|e| bad(format!("{name}: {e}")))?;
+            out.tensors.insert(
+                name,
+                TensorEntry {
+                    dtype: i.dtype,
+                    shape: i.shape,
+                    file_range: (8 + n + i.data_offsets.0, 8 + n + i.data_offsets.1),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Fetch only the named tensors of a remote `.safetensors` file (header + their byte ranges;
+    /// adjacent tensors share one request).
+    ///
+    /// # Errors
+    /// As [`Hub::read_safetensors_header`], plus [`RemoteError::NoTensor`] for an unknown name and
+    /// [`RemoteError::Short`] when a range arrives incomplete.
+    pub async fn read_tensors(
+        &self,
+        r: &ResolvedRepo,
+        file: &str,
+        names: &[&str],
+    ) -> Result<Vec<RemoteTensor>, RemoteError> {
+        let header = self.read_safetensors_header(r, file).await?;
+        let mut wanted: Vec<(&str, &TensorEntry)> = Vec::new();
+        for name in names {
+            let e = header
+                .tensors
+                .get(*name)
+                .ok_or_else(|| RemoteError::NoTensor {
+                    repo: r.repo.clone(),
+                    commit: r.commit.clone(),
+                    file: file.to_owned(),
+                    name: (*name).to_owned(),
+                })?;
+            wanted.push((name, e));
+        }
+        wanted.sort_by_key(|(_, e)| e.file_range.0);
+        // Group into runs of adjacent tensors.
+        let mut runs: Vec<Run<'_>> = Vec::new();
+        for (name, e) in wanted {
+            match runs.last_mut() {
+                Some((_, end, members)) if *end == e.file_range.0 => {
+                    *end = e.file_range.1;
+                    members.push((name, e));
+                }
+                _ => runs.push((e.file_range.0, e.file_range.1, vec![(name, e)])),
+            }
+        }
+        let mut out = Vec::new();
+        for (start, end, members) in runs {
+            let data = if end > start {
+                self.get_range(r, file, start, end - 1).await?
+            } else {
+                bytes::Bytes::new()
+            };
+            if data.len() as u64 != end - start {
+                return Err(RemoteError::Short {
+                    repo: r.repo.clone(),
+                    commit: r.commit.clone(),
+                    file: file.to_owned(),
+                    what: format!(
+                        "asked for {} bytes at {start}, got {}",
+                        end - start,
+                        data.len()
+                    ),
+                });
+            }
+            for (name, e) in members {
+                let a = usize::try_from(e.file_range.0 - start).unwrap_or(usize::MAX);
+                let b = usize::try_from(e.file_range.1 - start).unwrap_or(usize::MAX);
+                out.push(RemoteTensor {
+                    name: name.to_owned(),
+                    entry: e.clone(),
+                    data: data.slice(a..b),
+                });
+            }
+        }
+        let order: BTreeMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        out.sort_by_key(|t| order.get(t.name.as_str()).copied().unwrap_or(usize::MAX));
+        Ok(out)
+    }
+}

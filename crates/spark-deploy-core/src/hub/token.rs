@@ -1,0 +1,113 @@
+//! The Hub access token: where it comes from, and a wrapper that never prints it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A Hugging Face access token. `Debug` and `Display` print `***`; only
+/// [`HfToken::expose`] gives the secret, for building the `Authorization` header.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HfToken(String);
+
+impl HfToken {
+    /// Wrap a token (surrounding whitespace is trimmed).
+    #[must_use]
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into().trim().to_owned())
+    }
+
+    /// The secret itself. Use only to build a request header; never log it.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The token the standard tools would use, looked up as `huggingface_hub` does:
+    /// env `HF_TOKEN`, then the file named by env `HF_TOKEN_PATH`, then `$HF_HOME/token`
+    /// (the file `hf auth login` writes; `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface`,
+    /// then `~/.cache/huggingface`). Empty values count as absent; a non-empty
+    /// `HF_HUB_DISABLE_IMPLICIT_TOKEN` disables the lookup, as in both Hub clients.
+    #[must_use]
+    pub fn from_env() -> Option<Self> {
+        if std::env::var_os("HF_HUB_DISABLE_IMPLICIT_TOKEN").is_some_and(|v| !v.is_empty()) {
+            return None;
+        }
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        if let Some(t) = env("HF_TOKEN") {
+            return Some(Self::new(t));
+        }
+        let path = env("HF_TOKEN_PATH")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| hf_home().join("token"));
+        Self::from_file(&path)
+    }
+
+    /// Read a token file (as written by `hf auth login`). `None` if absent or empty.
+    #[must_use]
+    pub fn from_file(path: &Path) -> Option<Self> {
+        let s = std::fs::read_to_string(path).ok()?;
+        let t = s.trim();
+        (!t.is_empty()).then(|| Self::new(t))
+    }
+}
+
+impl fmt::Debug for HfToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HfToken(***)")
+    }
+}
+
+impl fmt::Display for HfToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// `$HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`.
+#[must_use]
+pub fn hf_home() -> PathBuf {
+    if let Some(h) = std::env::var_os("HF_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h);
+    }
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("huggingface");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("huggingface")
+}
+
+/// The hub cache directory the standard tools use: `$HF_HUB_CACHE`, else
+/// `$HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`.
+#[must_use]
+pub fn default_cache_dir() -> PathBuf {
+    for k in ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"] {
+        if let Some(v) = std::env::var_os(k).filter(|v| !v.is_empty()) {
+            return PathBuf::from(v);
+        }
+    }
+    hf_home().join("hub")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_never_prints() {
+        let t = HfToken::new(" hf_secret_value \n");
+        assert_eq!(t.expose(), "hf_secret_value");
+        assert_eq!(format!("{t}"), "***");
+        assert_eq!(format!("{t:?}"), "HfToken(***)");
+        assert!(!format!("{:?}", Some(t)).contains("secret"));
+    }
+
+    #[test]
+    fn token_file() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("token");
+        assert!(HfToken::from_file(&p).is_none());
+        std::fs::write(&p, "hf_abc\n").unwrap();
+        assert_eq!(HfToken::from_file(&p).unwrap().expose(), "hf_abc");
+        std::fs::write(&p, "  \n").unwrap();
+        assert!(HfToken::from_file(&p).is_none());
+    }
+}
