@@ -1,4 +1,5 @@
 //! The testbed: two Sparks on one machine.
+#![recursion_limit = "256"]
 pub mod checkpoint;
 pub mod cluster;
 pub mod hub_server;

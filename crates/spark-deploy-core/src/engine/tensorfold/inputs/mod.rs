@@ -1,1 +1,30 @@
-//! Per-rank inputs of the dsv41 engine (rank files, token map, RoPE, kit).
+//! Per-rank inputs of the dsv41 engine (ENGINE-CONTRACT.md §3–§10): rank weight files (TFDSRK01),
+//! token map, RoPE tables, image routing bias and kit verification.
+//!
+//! Entry points for the `BuildRankCache` step:
+//! - [`plan_rank_cache`] (index only: index JSON and expected file name, writes nothing),
+//!   [`build_rank_cache`], [`verify_rank_cache`];
+//! - [`token_map::build_token_map`] / [`token_map::write_token_map`];
+//! - [`rope::RopeTables`] / [`rope::write_rope_tables`];
+//! - [`bias_vl::write_bias_vl`];
+//! - [`kit::verify_kit`].
+//!
+//! Nothing here prints; progress goes through callbacks.
+
+pub mod bias_vl;
+pub mod dtype;
+pub mod kit;
+pub mod model_config;
+pub mod rank_cache;
+pub mod rank_file;
+pub mod rope;
+pub mod safetensors_index;
+pub mod split_plan;
+pub mod token_map;
+
+pub use model_config::{ModelConfig, ModelConfigError};
+pub use rank_cache::{
+    Cancelled, ExistingRankFile, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase,
+    RankCachePlan, RankCacheProgress, VerifyLevel, build_rank_cache, plan_rank_cache,
+    verify_rank_cache,
+};

@@ -1,0 +1,543 @@
+//! Safetensors shard headers and `model.safetensors.index.json`: where every tensor's bytes lie.
+//! Only headers are read (8 + N bytes a shard); tensor data is never touched here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::dtype::DType;
+
+/// The largest header the safetensors format allows.
+const MAX_HEADER: u64 = 100_000_000;
+
+/// Why a shard header or the index json was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SafetensorsError {
+    /// A file could not be opened or read.
+    #[error("cannot read {path}: {source}; check the path and that the download finished")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A shard's header is malformed.
+    #[error("{path}: bad safetensors header: {problem}; re-download this shard")]
+    Header {
+        /// The shard.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A shard is shorter or longer than its header says.
+    #[error(
+        "{path}: the header describes {expected} bytes but the file has {found}; the shard is truncated or still downloading, re-download it"
+    )]
+    Length {
+        /// The shard.
+        path: PathBuf,
+        /// The length the header implies.
+        expected: u64,
+        /// The file's length.
+        found: u64,
+    },
+    /// `model.safetensors.index.json` is malformed.
+    #[error("{path}: bad index json: {problem}; re-download model.safetensors.index.json")]
+    IndexJson {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The index json and the shards disagree.
+    #[error(
+        "tensor `{tensor}`: the index json names shard {shard} but {problem}; the checkpoint is incomplete or mixed from two revisions, re-download it"
+    )]
+    IndexMismatch {
+        /// The tensor.
+        tensor: String,
+        /// The shard the index names.
+        shard: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// One tensor name in two shards.
+    #[error(
+        "tensor `{tensor}` is in both {first} and {second}; remove stray shards from the model directory"
+    )]
+    Duplicate {
+        /// The tensor.
+        tensor: String,
+        /// The first shard.
+        first: PathBuf,
+        /// The second shard.
+        second: PathBuf,
+    },
+    /// No shard in the directory.
+    #[error("{dir} holds no *.safetensors file; download the checkpoint first")]
+    Empty {
+        /// The directory.
+        dir: PathBuf,
+    },
+}
+
+/// One tensor of a shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Its name.
+    pub name: String,
+    /// The header's dtype name (`"BF16"`, ...).
+    pub dtype_name: String,
+    /// The dtype, when supported.
+    pub dtype: Option<DType>,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Index of its shard in [`Checkpoint::shards`].
+    pub shard: usize,
+    /// Absolute byte offset in the shard file.
+    pub offset: u64,
+    /// Byte length.
+    pub len: u64,
+}
+
+/// A shard file and its header size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    /// The file.
+    pub path: PathBuf,
+    /// Its length in bytes.
+    pub len: u64,
+    /// `8 + N`: where the data section starts.
+    pub data_start: u64,
+}
+
+/// A parsed shard header: its tensors in offset order.
+#[derive(Debug, Clone)]
+pub struct ShardHeader {
+    /// The shard.
+    pub shard: Shard,
+    /// `__metadata__`, if any.
+    pub metadata: BTreeMap<String, String>,
+    /// Tensors in data order; `shard` fields are 0.
+    pub tensors: Vec<TensorInfo>,
+}
+
+/// Reads and validates one shard's header with two positioned reads.
+///
+/// # Errors
+/// I/O errors, a malformed header, overlapping or gapped data, a size that disagrees with a
+/// tensor's shape, or a file length other than `8 + N + data`.
+pub fn read_shard_header(path: &Path) -> Result<ShardHeader, SafetensorsError> {
+    let io = |source| SafetensorsError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let bad = |problem: String| SafetensorsError::Header {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let file = File::open(path).map_err(io)?;
+    let file_len = file.metadata().map_err(io)?.len();
+    if file_len < 8 {
+        return Err(bad(format!("file is {file_len} bytes long")));
+    }
+    let mut n = [0u8; 8];
+    file.read_exact_at(&mut n, 0).map_err(io)?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_HEADER || 8 + n > file_len {
+        return Err(bad(format!(
+            "header length {n} is impossible for a {file_len}-byte file"
+        )));
+    }
+    let mut text = vec![0u8; n as usize];
+    file.read_exact_at(&mut text, 8).map_err(io)?;
+    if text.first() != Some(&b'{') {
+        return Err(bad("header does not start with '{'".into()));
+    }
+    let v: Value = serde_json::from_slice(&text).map_err(|e| bad(format!("header JSON: {e}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad("header is not an object".into()))?;
+    let data_start = 8 + n;
+    let mut metadata = BTreeMap::new();
+    let mut tensors = Vec::with_capacity(obj.len());
+    let mut ranges = Vec::with_capacity(obj.len());
+    for (name, t) in obj {
+        if name == "__metadata__" {
+            if let Some(m) = t.as_object() {
+                for (k, v) in m {
+                    metadata.insert(k.clone(), v.as_str().unwrap_or_default().to_owned());
+                }
+            }
+            continue;
+        }
+        let dtype_name = t
+            .get("dtype")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("tensor `{name}` has no dtype")))?
+            .to_owned();
+        let shape: Vec<usize> = t
+            .get("shape")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad(format!("tensor `{name}` has no shape")))?
+            .iter()
+            .map(|d| d.as_u64().map(|d| d as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad(format!("tensor `{name}` has a bad shape")))?;
+        let offs = t
+            .get("data_offsets")
+            .and_then(Value::as_array)
+            .filter(|a| a.len() == 2)
+            .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
+            .ok_or_else(|| bad(format!("tensor `{name}` has bad data_offsets")))?;
+        if offs.1 < offs.0 {
+            return Err(bad(format!("tensor `{name}` ends before it starts")));
+        }
+        let dtype = DType::from_safetensors(&dtype_name);
+        if let Some(d) = dtype {
+            let want = shape.iter().product::<usize>() as u64 * d.size() as u64;
+            if want != offs.1 - offs.0 {
+                return Err(bad(format!(
+                    "tensor `{name}` {dtype_name} {shape:?} needs {want} bytes, its offsets span {}",
+                    offs.1 - offs.0
+                )));
+            }
+        }
+        ranges.push(offs);
+        tensors.push(TensorInfo {
+            name: name.clone(),
+            dtype_name,
+            dtype,
+            shape,
+            shard: 0,
+            offset: data_start + offs.0,
+            len: offs.1 - offs.0,
+        });
+    }
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| ranges[i]);
+    let mut at = 0u64;
+    for &i in &order {
+        if ranges[i].0 != at {
+            return Err(bad(format!(
+                "tensor `{}` starts at {} but the previous one ends at {at} (gap or overlap)",
+                tensors[i].name, ranges[i].0
+            )));
+        }
+        at = ranges[i].1;
+    }
+    if data_start + at != file_len {
+        return Err(SafetensorsError::Length {
+            path: path.to_path_buf(),
+            expected: data_start + at,
+            found: file_len,
+        });
+    }
+    let tensors = order.into_iter().map(|i| tensors[i].clone()).collect();
+    Ok(ShardHeader {
+        shard: Shard {
+            path: path.to_path_buf(),
+            len: file_len,
+            data_start,
+        },
+        metadata,
+        tensors,
+    })
+}
+
+/// `model.safetensors.index.json`: tensor name to shard file name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexJson {
+    /// `metadata.total_size`, if present.
+    pub total_size: Option<u64>,
+    /// `weight_map`.
+    pub weight_map: BTreeMap<String, String>,
+}
+
+/// Reads `model.safetensors.index.json`.
+///
+/// # Errors
+/// I/O errors or a file without a `weight_map` object of strings.
+pub fn read_index_json(path: &Path) -> Result<IndexJson, SafetensorsError> {
+    let text = std::fs::read(path).map_err(|source| SafetensorsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let bad = |problem: &str| SafetensorsError::IndexJson {
+        path: path.to_path_buf(),
+        problem: problem.to_owned(),
+    };
+    let v: Value = serde_json::from_slice(&text).map_err(|e| bad(&e.to_string()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("no weight_map object"))?;
+    let weight_map = map
+        .iter()
+        .map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
+        .collect::<Option<BTreeMap<_, _>>>()
+        .ok_or_else(|| bad("a weight_map value is not a string"))?;
+    let total_size = v
+        .get("metadata")
+        .and_then(|m| m.get("total_size"))
+        .and_then(Value::as_u64);
+    Ok(IndexJson {
+        total_size,
+        weight_map,
+    })
+}
+
+/// Every tensor of a checkpoint directory, by name, with its byte range.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The shard files (sorted by path); overlay files come last.
+    pub shards: Vec<Shard>,
+    tensors: HashMap<String, TensorInfo>,
+    /// Index of the first overlay shard, if any.
+    overlay_from: Option<usize>,
+}
+
+impl Checkpoint {
+    /// Opens every `*.safetensors` in `dir` (as the engine does) and, when
+    /// `model.safetensors.index.json` is present, checks that every tensor it names is in the shard
+    /// it names.
+    ///
+    /// # Errors
+    /// Any [`SafetensorsError`]: unreadable or malformed shards, a duplicate tensor, an index json
+    /// that disagrees with the shards, or no shard at all.
+    pub fn open_dir(dir: &Path) -> Result<Self, SafetensorsError> {
+        let mut paths = safetensors_files(dir)?;
+        paths.sort();
+        if paths.is_empty() {
+            return Err(SafetensorsError::Empty {
+                dir: dir.to_path_buf(),
+            });
+        }
+        let mut ck = Checkpoint {
+            shards: Vec::new(),
+            tensors: HashMap::new(),
+            overlay_from: None,
+        };
+        for p in &paths {
+            ck.add_shard(p, false)?;
+        }
+        let index = dir.join("model.safetensors.index.json");
+        if index.exists() {
+            let ix = read_index_json(&index)?;
+            for (tensor, shard) in &ix.weight_map {
+                let Some(t) = ck.tensors.get(tensor) else {
+                    return Err(SafetensorsError::IndexMismatch {
+                        tensor: tensor.clone(),
+                        shard: shard.clone(),
+                        problem: "no shard holds it".into(),
+                    });
+                };
+                let actual = &ck.shards[t.shard].path;
+                if actual.file_name().and_then(|n| n.to_str()) != Some(shard.as_str()) {
+                    return Err(SafetensorsError::IndexMismatch {
+                        tensor: tensor.clone(),
+                        shard: shard.clone(),
+                        problem: format!("it is in {}", actual.display()),
+                    });
+                }
+            }
+        }
+        Ok(ck)
+    }
+
+    /// Replaces base tensors by the overlay's (a safetensors file, or a directory of them): the
+    /// `ABLIT` mode. Overlay tensors that the base lacks are added.
+    ///
+    /// # Errors
+    /// An unreadable or malformed overlay file, or a tensor in two overlay files.
+    pub fn with_overlay(mut self, overlay: &Path) -> Result<Self, SafetensorsError> {
+        let mut paths = if overlay.is_dir() {
+            safetensors_files(overlay)?
+        } else {
+            vec![overlay.to_path_buf()]
+        };
+        paths.sort();
+        self.overlay_from.get_or_insert(self.shards.len());
+        for p in &paths {
+            self.add_shard(p, true)?;
+        }
+        Ok(self)
+    }
+
+    fn add_shard(&mut self, path: &Path, replace: bool) -> Result<(), SafetensorsError> {
+        let h = read_shard_header(path)?;
+        let idx = self.shards.len();
+        self.shards.push(h.shard);
+        let overlay_from = self.overlay_from.unwrap_or(usize::MAX);
+        for mut t in h.tensors {
+            t.shard = idx;
+            if let Some(prev) = self.tensors.get(&t.name) {
+                // a base tensor may be replaced by an overlay; nothing else may appear twice
+                if !replace || prev.shard >= overlay_from {
+                    return Err(SafetensorsError::Duplicate {
+                        tensor: t.name.clone(),
+                        first: self.shards[prev.shard].path.clone(),
+                        second: path.to_path_buf(),
+                    });
+                }
+            }
+            self.tensors.insert(t.name.clone(), t);
+        }
+        Ok(())
+    }
+
+    /// The tensor named `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+
+    /// Number of tensors.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether there is no tensor.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Every tensor, in no particular order.
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        self.tensors.values()
+    }
+}
+
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, SafetensorsError> {
+    let rd = std::fs::read_dir(dir).map_err(|source| SafetensorsError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for e in rd {
+        let e = e.map_err(|source| SafetensorsError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) == Some("safetensors") {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+/// Builds a safetensors header for `tensors` (name, dtype, shape) in the given order, padded with
+/// spaces to a multiple of 8, with the 8-byte length prefix. Returns the header bytes and each
+/// tensor's `(begin, end)` relative to the data section.
+#[must_use]
+pub fn build_header(
+    tensors: &[(String, DType, Vec<usize>)],
+    metadata: Option<&BTreeMap<String, String>>,
+) -> (Vec<u8>, Vec<(u64, u64)>) {
+    let mut obj = serde_json::Map::new();
+    if let Some(m) = metadata {
+        obj.insert(
+            "__metadata__".into(),
+            Value::Object(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                    .collect(),
+            ),
+        );
+    }
+    let mut at = 0u64;
+    let mut ranges = Vec::with_capacity(tensors.len());
+    for (name, dtype, shape) in tensors {
+        let len = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+        obj.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype.safetensors_name(), "shape": shape, "data_offsets": [at, at + len]}),
+        );
+        ranges.push((at, at + len));
+        at += len;
+    }
+    let mut text = serde_json::to_vec(&Value::Object(obj)).unwrap_or_default();
+    while !text.len().is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    (out, ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(path: &Path, tensors: &[(String, DType, Vec<usize>)], fill: u8) {
+        let (h, r) = build_header(tensors, None);
+        let mut bytes = h;
+        let total = r.last().map_or(0, |x| x.1);
+        bytes.extend(std::iter::repeat_n(fill, total as usize));
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn headers_index_and_overlay() {
+        let d = tempfile::tempdir().unwrap();
+        write(
+            &d.path().join("model-00001-of-00002.safetensors"),
+            &[
+                ("a".into(), DType::F32, vec![2, 3]),
+                ("b".into(), DType::Bf16, vec![5]),
+            ],
+            1,
+        );
+        write(
+            &d.path().join("model-00002-of-00002.safetensors"),
+            &[("c".into(), DType::I16, vec![4])],
+            2,
+        );
+        std::fs::write(
+            d.path().join("model.safetensors.index.json"),
+            r#"{"metadata":{"total_size":42},"weight_map":{"a":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}}"#,
+        )
+        .unwrap();
+        let ck = Checkpoint::open_dir(d.path()).unwrap();
+        assert_eq!(ck.len(), 3);
+        let b = ck.get("b").unwrap();
+        assert_eq!(b.len, 10);
+        assert_eq!(b.offset, ck.shards[0].data_start + 24);
+
+        let ov = d.path().join("ov");
+        std::fs::create_dir(&ov).unwrap();
+        write(
+            &ov.join("x.safetensors"),
+            &[("b".into(), DType::Bf16, vec![5])],
+            9,
+        );
+        let ck = ck.with_overlay(&ov.join("x.safetensors")).unwrap();
+        assert_eq!(ck.get("b").unwrap().shard, 2);
+
+        // the index names the wrong shard
+        std::fs::write(
+            d.path().join("model.safetensors.index.json"),
+            r#"{"weight_map":{"a":"model-00002-of-00002.safetensors"}}"#,
+        )
+        .unwrap();
+        let e = Checkpoint::open_dir(d.path()).unwrap_err();
+        assert!(matches!(e, SafetensorsError::IndexMismatch { .. }), "{e}");
+    }
+
+    #[test]
+    fn truncated_shard_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.safetensors");
+        write(&p, &[("a".into(), DType::F32, vec![8])], 0);
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 1]).unwrap();
+        let e = read_shard_header(&p).unwrap_err();
+        assert!(matches!(e, SafetensorsError::Length { .. }), "{e}");
+    }
+}
