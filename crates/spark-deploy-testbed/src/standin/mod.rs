@@ -1,0 +1,387 @@
+//! The engine stand-in (TESTBED.md "The engine stand-in"; issue 3 item 4).
+//!
+//! One binary (`tf-standin`) installed under the engine's two names; [`run`] dispatches on the
+//! base name of `argv[0]`:
+//! - `tensorfold-native` (or `tensorfold`) → rank 0: `serve MODEL_DIR [flags]` + env
+//!   ([`args::parse_rank0`]), loads and checks its inputs, rendezvous (binds
+//!   `TF_TP_MASTER:TF_TP_PORT`, waits with no timeout), runs the split proof with rank 1, then
+//!   serves the HTTP API ([`server`]) until SIGTERM/SIGINT, on which it sends `done` and exits 0;
+//! - `tf-dsv41-lanes` → rank 1: `MODEL CACHE RANK WORLD MASTER PORT KIT [--key value ...]`
+//!   ([`args::parse_rank1`]), loads, prints its loaded line, connects (retrying every 250 ms for
+//!   `TF_STANDIN_CONNECT_TIMEOUT_S`, default 300 s), ships its split-proof partials and follows
+//!   rank 0 until `done` (exit 0, `{"rank": 1, "followed": true}`) or a link error (exit 1,
+//!   `{"rank": 1, "follow": "<Error>"}`).
+//!
+//! Stand-in-only environment: `TF_STANDIN_CONNECT_TIMEOUT_S` (rank 1's connect window) and
+//! `TF_STANDIN_PROOF` (`all`, or a comma list of tensor prefixes; default
+//! [`split::default_tensors`]). Pass both to both ranks.
+//!
+//! Library code does not print: the protocol lines go to the `out` writer the binary passes
+//! (stdout), errors to `err` (stderr).
+
+pub mod args;
+pub mod inputs;
+pub mod link;
+pub mod rank_file;
+pub mod rootfs;
+pub mod server;
+pub mod split;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub use rootfs::{rootfs_tar, write_rootfs_tar};
+
+use self::args::{ArgsError, Rank0Args, Rank1Args};
+use self::inputs::{Checkpoint, ModelConfig};
+use self::link::{LinkError, kind};
+use self::rank_file::RankFile;
+use self::split::{Partial, ProofReport};
+
+/// The names rank 0 answers to.
+pub const RANK0_NAMES: &[&str] = &["tensorfold-native", "tensorfold"];
+/// The name rank 1 answers to.
+pub const RANK1_NAME: &str = "tf-dsv41-lanes";
+/// Env: rank 1's connect window in seconds (default 300, the engine's).
+pub const CONNECT_TIMEOUT_ENV: &str = "TF_STANDIN_CONNECT_TIMEOUT_S";
+/// Env: which tensors the split proof covers.
+pub const PROOF_ENV: &str = "TF_STANDIN_PROOF";
+
+/// A failure that ends a rank before it serves or follows: the engine's error name and context.
+#[derive(Debug, thiserror::Error)]
+pub enum StandinError {
+    /// The command line or environment.
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    /// An input file.
+    #[error(transparent)]
+    Inputs(#[from] inputs::InputsError),
+    /// The rank file.
+    #[error(transparent)]
+    RankFile(#[from] rank_file::RankFileError),
+    /// The rank file lacks a tensor the proof needs.
+    #[error(transparent)]
+    Split(#[from] split::SplitError),
+    /// The link (bind, connect).
+    #[error("error.{}", .0.detail())]
+    Link(#[from] LinkError),
+    /// The HTTP listener.
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+    /// The async runtime.
+    #[error("error.Runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl StandinError {
+    /// The exit code.
+    #[must_use]
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Args(a) => a.exit_code(),
+            _ => 1,
+        }
+    }
+}
+
+/// Runs the stand-in as the rank `argv[0]` names. Returns the process exit code.
+pub fn run(
+    argv: &[String],
+    env: &HashMap<String, String>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let name = argv
+        .first()
+        .map(|a| {
+            Path::new(a)
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    let rest = argv.get(1..).unwrap_or(&[]);
+    let r = if RANK0_NAMES.contains(&name.as_str()) {
+        run_rank0(rest, env, out)
+    } else if name == RANK1_NAME {
+        run_rank1(rest, env, out)
+    } else {
+        let _ = writeln!(
+            err,
+            "tf-standin: install me as tensorfold-native (rank 0) or tf-dsv41-lanes (rank 1); argv[0] is {name:?}"
+        );
+        return 2;
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn secs(start: Instant) -> f64 {
+    (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+/// What both ranks load before they meet.
+struct Loaded {
+    cfg: ModelConfig,
+    rank_file: RankFile,
+    partials: Vec<Partial>,
+    tensors: Vec<String>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn load(
+    model_dir: &Path,
+    cache: &Path,
+    rank: u32,
+    world: u32,
+    kit: &Path,
+    kernels: &Path,
+    engram: &Path,
+    token_map: &Path,
+    pool: u64,
+    env: &HashMap<String, String>,
+) -> Result<Loaded, StandinError> {
+    let cfg = ModelConfig::read(model_dir)?;
+    let path = rank_file::find(cache, rank, world)?;
+    let rank_file = RankFile::open(&path)?;
+    let vocab = inputs::tokenizer_vocab_size(model_dir)?;
+    inputs::read_token_map(token_map, vocab, cfg.compressed_vocab)?;
+    inputs::check_kit(kit, kernels, &cfg, pool)?;
+    inputs::check_engram(engram, &cfg)?;
+    let tensors = split::tensors_from_env(
+        env.get(PROOF_ENV).map(String::as_str),
+        &cfg.engram_layers,
+        &rank_file,
+    );
+    let partials = split::rank_partials(&rank_file, rank, &tensors)?;
+    Ok(Loaded {
+        cfg,
+        rank_file,
+        partials,
+        tensors,
+    })
+}
+
+fn run_rank1(
+    argv: &[String],
+    env: &HashMap<String, String>,
+    out: &mut dyn Write,
+) -> Result<u8, StandinError> {
+    let start = Instant::now();
+    let a: Rank1Args = args::parse_rank1(argv)?;
+    let engram = a.engram.clone().unwrap_or_default();
+    let token_map = a.token_map.clone().unwrap_or_default();
+    let kernels = env
+        .get("TENSORFOLD_CUDA_KERNELS")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| a.kit.join("aot"), std::path::PathBuf::from);
+    let l = load(
+        &a.model_dir,
+        &a.cache_dir,
+        a.rank,
+        a.world,
+        &a.kit,
+        &kernels,
+        &engram,
+        &token_map,
+        a.pool,
+        env,
+    )?;
+    let _ = writeln!(
+        out,
+        "{{\"rank\": {}, \"loaded_s\": {}, \"pool\": {}, \"drafts\": {}, \"arena_used\": {}}}",
+        a.rank,
+        secs(start),
+        a.pool,
+        u8::from(a.drafts),
+        l.rank_file.data_len
+    );
+    let _ = out.flush();
+    let timeout = env
+        .get(CONNECT_TIMEOUT_ENV)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(300);
+    let mut s = link::connect(a.master, a.port, Duration::from_secs(timeout))?;
+    let follow = |out: &mut dyn Write, e: &LinkError| {
+        let _ = writeln!(
+            out,
+            "{{\"rank\": {}, \"follow\": \"{}\"}}",
+            a.rank,
+            e.name()
+        );
+        let _ = out.flush();
+    };
+    let limit = link::rank1_limit(a.pool);
+    let partials =
+        serde_json::to_vec(&serde_json::json!({"partials": l.partials})).unwrap_or_default();
+    let mut expected = 0u64;
+    loop {
+        let r = link::read_frame(&mut s, limit).and_then(|f| {
+            let (k, step, _) = link::split_payload(&f)?;
+            if step != expected {
+                return Err(LinkError::OutOfStep {
+                    expected,
+                    got: step,
+                });
+            }
+            if !kind::FOLLOWED.contains(&k) {
+                return Err(LinkError::BadFrame);
+            }
+            Ok((k, step))
+        });
+        match r {
+            Ok((kind::DONE, _)) => {
+                let _ = writeln!(out, "{{\"rank\": {}, \"followed\": true}}", a.rank);
+                let _ = out.flush();
+                return Ok(0);
+            }
+            Ok((kind::INIT, step)) => {
+                if let Err(e) =
+                    link::write_frame(&mut s, &link::payload(kind::PARTIALS, step, &partials))
+                {
+                    follow(out, &e);
+                    return Ok(1);
+                }
+            }
+            Ok((_, step)) => {
+                if let Err(e) = link::write_frame(&mut s, &link::payload(kind::ACK, step, &[])) {
+                    follow(out, &e);
+                    return Ok(1);
+                }
+            }
+            Err(e) => {
+                follow(out, &e);
+                return Ok(1);
+            }
+        }
+        expected += 1;
+    }
+}
+
+fn run_rank0(
+    argv: &[String],
+    env: &HashMap<String, String>,
+    out: &mut dyn Write,
+) -> Result<u8, StandinError> {
+    let start = Instant::now();
+    let a: Rank0Args = args::parse_rank0(argv, env)?;
+    let mut keys: Vec<String> = a.api_key.iter().cloned().collect();
+    if let Some(f) = &a.api_key_file {
+        keys.extend(inputs::read_api_keys(f)?);
+    }
+    keys.extend(a.env.api_key.iter().cloned());
+    let l = load(
+        &a.model_dir,
+        &a.env.rank_cache,
+        0,
+        a.env.world,
+        &a.env.kit,
+        &a.env.kernels,
+        &a.env.engram,
+        &a.env.token_map,
+        a.context,
+        env,
+    )?;
+    let ckpt = Checkpoint::open(&a.model_dir)?;
+    let _ = writeln!(
+        out,
+        "{{\"rank\": 0, \"loaded_s\": {}, \"pool\": {}, \"rendezvous\": \"{}:{}\"}}",
+        secs(start),
+        a.context,
+        a.env.master,
+        a.env.port
+    );
+    let _ = out.flush();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(StandinError::Runtime)?;
+    rt.block_on(rank0_async(a, keys, l, ckpt, out))
+}
+
+async fn rank0_async(
+    a: Rank0Args,
+    keys: Vec<String>,
+    l: Loaded,
+    ckpt: Checkpoint,
+    out: &mut dyn Write,
+) -> Result<u8, StandinError> {
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(StandinError::Runtime)?;
+    let mut s = link::accept_once(a.env.master, a.env.port).await?;
+    // the first frame carries a payload sized by rank 0's pool
+    let pad = usize::try_from((a.context + 1) * 4).unwrap_or(usize::MAX);
+    let mut fields = vec![0u8; pad];
+    fields[..4].copy_from_slice(&(l.tensors.len() as u32).to_le_bytes());
+    let exchanged = async {
+        link::write_frame_async(&mut s, &link::payload(kind::INIT, 0, &fields)).await?;
+        let f = link::read_frame_async(&mut s, 1 << 30).await?;
+        let (k, step, body) = link::split_payload(&f)?;
+        if k != kind::PARTIALS || step != 0 {
+            return Err(LinkError::BadFrame);
+        }
+        Ok(body.to_vec())
+    }
+    .await;
+    let (proof, stream) = match exchanged {
+        Ok(body) => {
+            let peer: Vec<Partial> = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| serde_json::from_value(v["partials"].clone()).ok())
+                .unwrap_or_default();
+            let mut all = l.partials.clone();
+            all.extend(peer);
+            let tensors = l.tensors.clone();
+            let world = a.env.world;
+            let proof =
+                tokio::task::spawn_blocking(move || split::prove(&ckpt, &tensors, &all, world))
+                    .await
+                    .unwrap_or_else(|e| ProofReport::failed(format!("the proof panicked: {e}")));
+            (proof, Some(s))
+        }
+        Err(e) => (
+            ProofReport::failed(format!("{} during the split proof exchange", e.detail())),
+            None,
+        ),
+    };
+    let mut ids = vec![a.name.clone()];
+    ids.extend(a.aliases.iter().cloned());
+    let cfg = server::ServerConfig {
+        served_ids: ids,
+        keys,
+        metrics_open: a.metrics_open,
+        pool: a.context,
+        max_tokens: a.max_tokens,
+        thinking: a.thinking,
+        vision: l.cfg.vision,
+        parallel: a.parallel.unwrap_or(1),
+        proof: proof.clone(),
+    };
+    let listener = server::bind(&a.host, a.port).await?;
+    let _ = writeln!(
+        out,
+        "{{\"rank\": 0, \"serving\": \"{}:{}\", \"split_proof\": {}}}",
+        a.host,
+        a.port,
+        proof.to_json()
+    );
+    let _ = out.flush();
+    let state = server::AppState::new(cfg, stream, 0);
+    let app = server::router(state.clone());
+    tokio::select! {
+        r = axum::serve(listener, app) => {
+            r.map_err(StandinError::Runtime)?;
+        }
+        _ = sigterm.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    state.send_done().await;
+    Ok(0)
+}
