@@ -902,7 +902,7 @@ mod tests {
         )
         .unwrap();
         assert!(p.reasoning.is_none());
-        // 1 + 2030 + 18 = 2049 -> 4096 fits; 1 + 4000 + 18 -> 6144 does not
+        // 1 + 2030 + 18 = 2049 -> 4096 fits; 1 + 4078 + 18 = 4097 -> 6144 does not
         assert!(
             plan_chat(
                 &cfg(),
@@ -912,7 +912,7 @@ mod tests {
         );
         let e = plan_chat(
             &cfg(),
-            br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4000}"#,
+            br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4078}"#,
         )
         .unwrap_err();
         assert_eq!((e.status, e.code), (400, "context_length_exceeded"));
