@@ -97,11 +97,9 @@ fn fixture() -> &'static Fixture {
 /// Installs the built binary under both engine names (hard link, else copy).
 fn install(engine: &Path) {
     let bin = Path::new(env!("CARGO_BIN_EXE_tf-standin"));
+    spark_deploy_testbed::standin::install_engine_dir(bin, engine).unwrap();
     for name in ["tensorfold-native", "tf-dsv41-lanes"] {
-        let to = engine.join(name);
-        if std::fs::hard_link(bin, &to).is_err() {
-            std::fs::copy(bin, &to).unwrap();
-        }
+        assert!(engine.join(name).is_file(), "{name} installed");
     }
 }
 
@@ -240,6 +238,8 @@ struct Setup<'a> {
     kit: &'a Path,
     context: u64,
     pool: u64,
+    /// `TF_STANDIN_PROOF` for both ranks.
+    proof: Option<&'a str>,
 }
 
 impl Default for Setup<'static> {
@@ -251,6 +251,7 @@ impl Default for Setup<'static> {
             kit: &f.kit,
             context: POOL,
             pool: POOL,
+            proof: None,
         }
     }
 }
@@ -332,7 +333,7 @@ fn start(s: &Setup<'_>) -> Ranks {
     let tp = free_port();
     let http = free_port();
     let pool = s.pool.to_string();
-    let rank1 = Proc::spawn(rank1_cmd(
+    let mut c1 = rank1_cmd(
         s.cache1,
         s.kit,
         tp,
@@ -350,16 +351,19 @@ fn start(s: &Setup<'_>) -> Ranks {
             "--aio",
             "1",
         ],
-    ));
+    );
+    if let Some(p) = s.proof {
+        c1.env("TF_STANDIN_PROOF", p);
+    }
+    let rank1 = Proc::spawn(c1);
     let loaded = rank1.wait_json("loaded", |v| v.get("loaded_s").is_some());
     assert_eq!(loaded["rank"], 1);
     assert_eq!(loaded["pool"], s.pool);
-    let rank0 = Proc::spawn(rank0_cmd(
-        &rank0_env(s.cache0, s.kit, tp),
-        http,
-        s.context,
-        &[],
-    ));
+    let mut env0 = rank0_env(s.cache0, s.kit, tp);
+    if let Some(p) = s.proof {
+        env0.insert("TF_STANDIN_PROOF".into(), p.into());
+    }
+    let rank0 = Proc::spawn(rank0_cmd(&env0, http, s.context, &[]));
     rank0.wait_json("serving", |v| v.get("serving").is_some());
     Ranks {
         rank0: Some(rank0),
@@ -940,6 +944,40 @@ fn rank_0_dying_makes_rank_1_exit_1_with_peer_down() {
     r.rank0.take().unwrap().signal("KILL");
     r.rank1.wait_json("follow", |v| v["follow"] == "PeerDown");
     assert_eq!(r.rank1.wait_exit().code(), Some(1));
+}
+
+#[test]
+fn the_proof_can_cover_every_split_tensor() {
+    let r = start(&Setup {
+        proof: Some("all"),
+        ..Setup::default()
+    });
+    let h = http(r.http, "GET", "/health", None, None).json();
+    let tensors = h["split_proof"]["tensors"].as_array().unwrap();
+    assert!(tensors.len() > 100, "{}", tensors.len());
+    assert_eq!(h["split_proof"]["ok"], true, "{h}");
+    for kind in ["column", "row"] {
+        assert!(tensors.iter().any(|t| t["split"] == kind), "{kind}");
+    }
+}
+
+#[test]
+fn rank_0_stops_cleanly_while_waiting_for_rank_1() {
+    let f = fixture();
+    let mut r0 = Proc::spawn(rank0_cmd(
+        &rank0_env(&f.cache0, &f.kit, free_port()),
+        free_port(),
+        POOL,
+        &[],
+    ));
+    r0.wait_json("rendezvous", |v| v.get("rendezvous").is_some());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        r0.child.try_wait().unwrap().is_none(),
+        "waits with no timeout"
+    );
+    r0.signal("TERM");
+    assert_eq!(r0.wait_exit().code(), Some(0), "{}", r0.stderr());
 }
 
 #[test]

@@ -122,6 +122,26 @@ pub fn run(
     }
 }
 
+/// Installs `binary` in `engine_dir` under both engine names (`tensorfold-native`,
+/// `tf-dsv41-lanes`): a hard link, or a copy when linking fails (another filesystem). Existing
+/// files of those names are replaced.
+///
+/// # Errors
+/// Creating the directory or copying fails.
+pub fn install_engine_dir(binary: &Path, engine_dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(engine_dir)?;
+    for name in [RANK0_NAMES[0], RANK1_NAME] {
+        let to = engine_dir.join(name);
+        if to.exists() {
+            std::fs::remove_file(&to)?;
+        }
+        if std::fs::hard_link(binary, &to).is_err() {
+            std::fs::copy(binary, &to)?;
+        }
+    }
+    Ok(())
+}
+
 fn secs(start: Instant) -> f64 {
     (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
 }
@@ -289,21 +309,13 @@ fn run_rank0(
         env,
     )?;
     let ckpt = Checkpoint::open(&a.model_dir)?;
-    let _ = writeln!(
-        out,
-        "{{\"rank\": 0, \"loaded_s\": {}, \"pool\": {}, \"rendezvous\": \"{}:{}\"}}",
-        secs(start),
-        a.context,
-        a.env.master,
-        a.env.port
-    );
-    let _ = out.flush();
+    let loaded_s = secs(start);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(StandinError::Runtime)?;
-    rt.block_on(rank0_async(a, keys, l, ckpt, out))
+    rt.block_on(rank0_async(a, keys, l, ckpt, loaded_s, out))
 }
 
 async fn rank0_async(
@@ -311,11 +323,24 @@ async fn rank0_async(
     keys: Vec<String>,
     l: Loaded,
     ckpt: Checkpoint,
+    loaded_s: f64,
     out: &mut dyn Write,
 ) -> Result<u8, StandinError> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(StandinError::Runtime)?;
-    let mut s = link::accept_once(a.env.master, a.env.port).await?;
+    // printed once SIGTERM is handled, so a stop right after this line is a clean exit 0
+    let _ = writeln!(
+        out,
+        "{{\"rank\": 0, \"loaded_s\": {loaded_s}, \"pool\": {}, \"rendezvous\": \"{}:{}\"}}",
+        a.context, a.env.master, a.env.port
+    );
+    let _ = out.flush();
+    // the engine waits for rank 1 with no timeout; a stop while waiting ends the process cleanly
+    let mut s = tokio::select! {
+        r = link::accept_once(a.env.master, a.env.port) => r?,
+        _ = sigterm.recv() => return Ok(0),
+        _ = tokio::signal::ctrl_c() => return Ok(0),
+    };
     // the first frame carries a payload sized by rank 0's pool
     let pad = usize::try_from((a.context + 1) * 4).unwrap_or(usize::MAX);
     let mut fields = vec![0u8; pad];
