@@ -631,6 +631,27 @@ fn inputs_are_checked_like_the_engine() {
     let (code, err) = rank1_load(&f.cache0, &f.kit, None);
     assert_eq!(code, 1);
     assert!(err.contains("NoRankCache"), "{err}");
+    // rank 0's file renamed for rank 1 (the hash is the index's, so the name is valid): its
+    // ranges are rank 0's half, which rank 1 refuses at load
+    let r0 = std::fs::read_dir(&f.cache0)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "bin"))
+        .unwrap();
+    let d = dir.path().join("other-rank");
+    std::fs::create_dir_all(&d).unwrap();
+    let renamed = r0
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .replace("rank0of2-", "rank1of2-");
+    std::fs::copy(&r0, d.join(renamed)).unwrap();
+    let (code, err) = rank1_load(&d, &f.kit, None);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("MissingTensor") && err.contains("rank 1's share"),
+        "{err}"
+    );
     // a token map one entry short
     let tm: Vec<i64> = serde_json::from_slice(&std::fs::read(&f.token_map).unwrap()).unwrap();
     let short = dir.path().join("short.json");
@@ -687,6 +708,17 @@ fn two_ranks_serve_the_api_with_the_split_proof_passing() {
         let r = http(port, m, p, Some("wrong"), Some(&ask("hi")));
         assert_eq!(r.status, 401, "{m} {p}");
     }
+    // x-api-key works too
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(timeout())).unwrap();
+    write!(
+        s,
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nx-api-key: {KEY}\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
     let models = http(port, "GET", "/v1/models", Some(KEY), None).json();
     assert_eq!(models["data"][0]["id"], "DeepSeek-V4.1-Flash-TF");
     assert_eq!(models["data"][1]["id"], "dsv41");
@@ -1024,6 +1056,10 @@ fn a_larger_rank_0_pool_is_frame_too_long_on_rank_1() {
 #[test]
 fn the_rootfs_tar_holds_what_the_binary_needs() {
     let bin = Path::new(env!("CARGO_BIN_EXE_tf-standin"));
+    assert_eq!(
+        spark_deploy_testbed::standin::locate_binary().map(|p| p.canonicalize().unwrap()),
+        Some(bin.canonicalize().unwrap())
+    );
     let tar = spark_deploy_testbed::standin::rootfs_tar(bin).unwrap();
     // walk the ustar entries
     let mut names = Vec::new();

@@ -142,6 +142,19 @@ pub fn install_engine_dir(binary: &Path, engine_dir: &Path) -> std::io::Result<(
     Ok(())
 }
 
+/// Finds a built `tf-standin` next to the running executable (or one directory up, for test
+/// binaries in `target/<profile>/deps/`).
+#[must_use]
+pub fn locate_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [Some(dir), dir.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("tf-standin"))
+        .find(|p| p.is_file())
+}
+
 fn secs(start: Instant) -> f64 {
     (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
 }
