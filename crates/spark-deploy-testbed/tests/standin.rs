@@ -1141,3 +1141,150 @@ fn the_rootfs_tar_holds_what_the_binary_needs() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("BadArgument"), "{err}");
 }
+
+// ---- the FROM-scratch image, when a Docker daemon is reachable ----------------------------------
+
+/// Removes a container and an image on drop.
+struct DockerGuard {
+    image: String,
+    container: String,
+}
+
+impl Drop for DockerGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["rm", "-f", &self.container])
+            .output();
+        let _ = Command::new("docker")
+            .args(["rmi", "-f", &self.image])
+            .output();
+    }
+}
+
+fn docker_ok() -> bool {
+    if std::env::var_os("STANDIN_NO_DOCKER").is_some() {
+        return false;
+    }
+    let Ok(mut c) = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Some(s)) = c.try_wait() {
+            return s.success();
+        }
+        if Instant::now() > end {
+            let _ = c.kill();
+            let _ = c.wait();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Rank 1 runs in a container of the imported rootfs (binary mounted at /engine, inputs mounted
+/// at their host paths, host network for the loopback rendezvous), rank 0 on the host.
+#[test]
+#[allow(clippy::print_stderr)]
+fn rank_1_runs_in_the_from_scratch_image() {
+    if !docker_ok() {
+        eprintln!("skipped: no Docker daemon (set nothing; STANDIN_NO_DOCKER skips on purpose)");
+        return;
+    }
+    let f = fixture();
+    let tag = format!("spark-deploy-standin-test:{}", std::process::id());
+    let g = DockerGuard {
+        image: tag.clone(),
+        container: format!("spark-deploy-standin-test-{}", std::process::id()),
+    };
+    let tar =
+        spark_deploy_testbed::standin::rootfs_tar(Path::new(env!("CARGO_BIN_EXE_tf-standin")))
+            .unwrap();
+    let mut imp = Command::new("docker")
+        .args([
+            "import",
+            "--change",
+            "LABEL spark-deploy.test=standin",
+            "-",
+            &tag,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    imp.stdin.take().unwrap().write_all(&tar).unwrap();
+    assert!(imp.wait().unwrap().success(), "docker import");
+    // strict argv inside the image: exit 1 with BadArgument
+    let out = Command::new("docker")
+        .args(["run", "--rm", "--network", "none", "-v"])
+        .arg(format!("{}:/engine:ro", f.engine.display()))
+        .args([
+            &tag,
+            "/engine/tf-dsv41-lanes",
+            "/m",
+            "/c",
+            "1",
+            "2",
+            "127.0.0.1",
+            "29620",
+            "/k",
+            "--nope",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("BadArgument"));
+    // a real rank 1 in the image follows a rank 0 on the host
+    let tp = free_port();
+    let http_port = free_port();
+    let mut c = Command::new("docker");
+    c.args(["run", "--rm", "--name", &g.container, "--network", "host"])
+        .args(["-e", "TF_STANDIN_CONNECT_TIMEOUT_S=30"]);
+    let model_root = f.model.parent().unwrap();
+    for d in [
+        &f.engine,
+        &model_root.to_path_buf(),
+        &f.cache1,
+        &f.token_map.parent().unwrap().to_path_buf(),
+    ] {
+        c.arg("-v")
+            .arg(format!("{}:{}:ro", d.display(), d.display()));
+    }
+    c.arg("-v")
+        .arg(format!("{}:/engine:ro", f.engine.display()));
+    c.arg(&tag)
+        .arg("/engine/tf-dsv41-lanes")
+        .arg(&f.model)
+        .arg(&f.cache1);
+    c.args(["1", "2", "127.0.0.1", &tp.to_string()])
+        .arg(&f.kit)
+        .arg("--engram")
+        .arg(&f.original)
+        .arg("--token-map")
+        .arg(&f.token_map)
+        .args(["--pool", &POOL.to_string()]);
+    let mut rank1 = Proc::spawn(c);
+    rank1.wait_json("loaded", |v| v.get("loaded_s").is_some());
+    let mut rank0 = Proc::spawn(rank0_cmd(
+        &rank0_env(&f.cache0, &f.kit, tp),
+        http_port,
+        POOL,
+        &[],
+    ));
+    rank0.wait_json("serving", |v| v.get("serving").is_some());
+    let h = http(http_port, "GET", "/health", None, None).json();
+    assert_eq!(h["split_proof"]["ok"], true, "{h}");
+    let c = chat(http_port, &ask("What is 17*23?")).json();
+    assert_eq!(c["choices"][0]["message"]["content"], "391");
+    rank0.signal("TERM");
+    assert_eq!(rank0.wait_exit().code(), Some(0));
+    rank1.wait_json("followed", |v| v["followed"] == true);
+    assert_eq!(rank1.wait_exit().code(), Some(0), "{}", rank1.stderr());
+    drop(g);
+}
