@@ -562,6 +562,17 @@ fn argv_and_env_are_parsed_as_strictly_as_the_engine() {
     let (code, _, err) = run_to_exit(rank0_cmd(&env, 1, POOL, &["--parallel", "5"]));
     assert_eq!(code, 1);
     assert!(err.contains("NoFreeSlot"), "{err}");
+    // settings the TP=2 kit has no Triton variants for, on either rank
+    let mut e = env.clone();
+    e.insert("TF_DS_ROUND_ROWS".into(), "48".into());
+    let (code, _, err) = run_to_exit(rank0_cmd(&e, 1, POOL, &[]));
+    assert_eq!(code, 1);
+    assert!(err.contains("MissingTritonVariant"), "{err}");
+    let mut c = rank1_cmd(&f.cache1, &f.kit, 1, &["--pool", "4096"]);
+    c.env("TF_DS_STREAMS", "8");
+    let (code, _, err) = run_to_exit(c);
+    assert_eq!(code, 1);
+    assert!(err.contains("MissingTritonVariant"), "{err}");
     // an unknown argv[0]
     let (code, _, _) = run_to_exit(Command::new(env!("CARGO_BIN_EXE_tf-standin")));
     assert_eq!(code, 2);

@@ -348,6 +348,7 @@ pub fn parse_rank0(args: &[String], env: &HashMap<String, String>) -> Result<Ran
             .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned())
     });
     a.model_dir = model_dir;
+    check_kit_variants(env)?;
     let parallel = a.parallel.unwrap_or(1);
     if parallel == 0 || parallel > a.env.streams {
         return Err(ArgsError::engine(
@@ -395,6 +396,28 @@ fn env_flag_u32(
             )),
         },
     }
+}
+
+/// The TP=2 kit's recorded Triton variants (§8.5): 16-row rounds and at most 4 pool streams.
+/// `TF_DS_ROUND_ROWS` and `TF_DS_STREAMS` are read from the environment on **both** ranks; other
+/// values fail with `MissingTritonVariant` (the stand-in fails at start, where the engine fails
+/// at its first launch of the missing variant).
+///
+/// # Errors
+/// [`ArgsError::Engine`] `MissingTritonVariant`, or `BadEnvironment` for a value that does not
+/// parse.
+pub fn check_kit_variants(env: &HashMap<String, String>) -> Result<(), ArgsError> {
+    let rows = env_flag_u32(env, "TF_DS_ROUND_ROWS", 16, 16..=48)?;
+    let streams = env_flag_u32(env, "TF_DS_STREAMS", 4, 1..=16)?;
+    if rows != 16 || streams > 4 {
+        return Err(ArgsError::engine(
+            "MissingTritonVariant",
+            format!(
+                "TF_DS_ROUND_ROWS={rows}, TF_DS_STREAMS={streams}: the TP=2 kit recorded 16-row rounds and at most 4 streams"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_rank0_env(env: &HashMap<String, String>) -> Result<Rank0Env, ArgsError> {
@@ -521,7 +544,7 @@ pub fn parse_rank1(args: &[String]) -> Result<Rank1Args, ArgsError> {
     }
     if rank == 0 || rank >= world {
         return Err(bad(format!(
-            "RANK {rank}: tf-dsv41-lanes follows rank 0, so RANK is 1 … WORLD-1"
+            "RANK {rank}: tf-dsv41-lanes follows rank 0, so RANK is 1 … WORLD-1 (the stand-in does not emulate rank-0 gate mode)"
         )));
     }
     let master = parse_ip("MASTER_IP", &args[4])?;

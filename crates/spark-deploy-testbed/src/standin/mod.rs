@@ -208,6 +208,7 @@ fn run_rank1(
 ) -> Result<u8, StandinError> {
     let start = Instant::now();
     let a: Rank1Args = args::parse_rank1(argv)?;
+    args::check_kit_variants(env)?;
     let engram = a.engram.clone().unwrap_or_default();
     let token_map = a.token_map.clone().unwrap_or_default();
     let kernels = env
