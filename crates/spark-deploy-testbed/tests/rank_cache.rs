@@ -368,12 +368,22 @@ fn index_only_writes_nothing_and_names_the_built_file() {
     let f = build_rank_cache(&plan, out.path(), &o, &mut no_progress()).unwrap();
     assert_eq!(f.file_name().unwrap().to_str().unwrap(), plan.file_name);
     assert_eq!(std::fs::metadata(&f).unwrap().len(), plan.file_len());
-    // only the final file is left
-    let names: Vec<_> = std::fs::read_dir(out.path())
+    // only the final file and its sidecar are left
+    let mut names: Vec<String> = std::fs::read_dir(out.path())
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(names.len(), 1, "{names:?}");
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            plan.file_name.clone(),
+            format!("{}.source.json", plan.file_name)
+        ]
+    );
+    let side = spark_deploy_core::engine::tensorfold::inputs::read_sidecar(&f).unwrap();
+    assert_eq!(side["file"], plan.file_name.as_str());
+    assert_eq!(side["rank"], 1);
     // no DSpark: a different index, no mtp entries
     let nd = plan_rank_cache(model, 1, 2, &RankCacheOptions { dspark: false, ..o }).unwrap();
     assert!(!nd.index_json.contains("mtp."));
@@ -469,12 +479,14 @@ fn a_second_rank_file_is_refused() {
     let left: Vec<_> = std::fs::read_dir(out.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with("rank0of2-"))
+        .filter(|n| n.starts_with("rank0of2-") && n.ends_with(".bin"))
         .collect();
     assert_eq!(
         left,
         vec![f2.file_name().unwrap().to_str().unwrap().to_owned()]
     );
+    let old_side = format!("{}.source.json", f.file_name().unwrap().to_str().unwrap());
+    assert!(out.path().join("superseded").join(old_side).is_file());
     assert!(
         out.path()
             .join("superseded")

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! sd-inputs generate small|large SEED OUT_DIR      # test-scale checkpoint (model/, original/, kit/)
+//! sd-inputs generate real-sparse SEED OUT_DIR      # real shapes, sparse shards (model/ only)
 //! sd-inputs token-map MODEL_DIR OUT_JSON           # §6 token map with the count check
 //! sd-inputs rope MODEL_DIR OUT_DIR [ROWS]          # §7 RoPE tables + rope.json
 //! sd-inputs bias-vl ORIGINAL_DIR OUT_FILE          # §9 image routing bias
@@ -20,7 +21,7 @@ use spark_deploy_core::engine::tensorfold::inputs::{
     RankCacheOptions, VerifyLevel, bias_vl, build_rank_cache, kit, model_config::ModelConfig,
     plan_rank_cache, rope, token_map, verify_rank_cache,
 };
-use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
+use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate, generate_sparse_model};
 
 fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let arg = |i: usize| -> Result<&str, Box<dyn std::error::Error>> {
@@ -31,6 +32,12 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     match arg(0)? {
         "generate" => {
             let seed: u64 = arg(2)?.parse()?;
+            if arg(1)? == "real-sparse" {
+                let m =
+                    generate_sparse_model(&CheckpointSpec::real_shapes(seed), Path::new(arg(3)?))?;
+                println!("{}", serde_json::json!({"model_dir": m}));
+                return Ok(());
+            }
             let spec = match arg(1)? {
                 "small" => CheckpointSpec::small(seed),
                 "large" => CheckpointSpec::large(seed),

@@ -94,6 +94,11 @@ pub struct CheckpointSpec {
     pub tokenizer_tokens: usize,
     /// Bytes of vision tower weights.
     pub vision_bytes: usize,
+    pub top_k: usize,
+    pub draft_top_k: usize,
+    pub index_topk: usize,
+    pub candidate_blocks: usize,
+    pub engram_vocab: usize,
 }
 
 impl CheckpointSpec {
@@ -134,6 +139,11 @@ impl CheckpointSpec {
             text_shards: 4,
             tokenizer_tokens: 900,
             vision_bytes: 1 << 20,
+            top_k: 2,
+            draft_top_k: 2,
+            index_topk: 64,
+            candidate_blocks: 64,
+            engram_vocab: 4000,
         }
     }
 
@@ -174,6 +184,62 @@ impl CheckpointSpec {
             text_shards: 8,
             tokenizer_tokens: 4000,
             vision_bytes: 16 << 20,
+            top_k: 4,
+            draft_top_k: 2,
+            index_topk: 128,
+            candidate_blocks: 256,
+            engram_vocab: 40000,
+        }
+    }
+
+    /// The real DeepSeek-V4.1-Flash shapes (ENGINE-CONTRACT.md §5.1a; passes the engine's shape
+    /// guard), with 3-bit trellises. Only for [`generate_sparse_model`]: the shards would be
+    /// about 200 GiB.
+    #[must_use]
+    pub fn real_shapes(seed: u64) -> Self {
+        let mut ratios = vec![0u8, 0];
+        ratios.extend([2u8; 18]);
+        ratios.extend([1u8; 20]);
+        ratios.extend([0u8; 3]);
+        Self {
+            seed,
+            layers: 40,
+            draft_layers: 3,
+            hidden: 5120,
+            vocab: 129_280,
+            heads: 64,
+            head_dim: 512,
+            rope_dim: 64,
+            q_lora: 1280,
+            o_lora: 1024,
+            o_groups: 8,
+            experts: 384,
+            draft_experts: 128,
+            expert_width: 2304,
+            index_heads: 32,
+            index_head_dim: 128,
+            hc: 4,
+            kv_sources: vec![2, 8, 14, 20],
+            index_sources: vec![2, 8, 14, 20, 24, 28, 32, 36],
+            ratios,
+            engram_layers: vec![1, 14],
+            engram_rows: vec![384_006_168, 384_016_682],
+            engram_heads: 8,
+            engram_head_dim: 256,
+            engram_ngram: 4,
+            dspark_taps: vec![37, 38, 39],
+            markov_rank: 256,
+            max_position: 1_048_576,
+            original_max_position: 65536,
+            bits: 3,
+            text_shards: 39,
+            tokenizer_tokens: 2000,
+            vision_bytes: 1 << 20,
+            top_k: 6,
+            draft_top_k: 3,
+            index_topk: 512,
+            candidate_blocks: 2048,
+            engram_vocab: 16_000_000,
         }
     }
 
@@ -315,7 +381,7 @@ fn model_config(s: &CheckpointSpec, compressed: usize, image_token: usize) -> Va
                              "original_max_position_embeddings": s.original_max_position},
             "n_routed_experts": s.experts,
             "n_shared_experts": 1,
-            "num_experts_per_tok": 2,
+            "num_experts_per_tok": s.top_k,
             "routed_scaling_factor": 1.5,
             "sliding_window": 128,
             "compress_ratios": s.ratios,
@@ -324,9 +390,9 @@ fn model_config(s: &CheckpointSpec, compressed: usize, image_token: usize) -> Va
             "index_source_layer_ids": s.index_sources,
             "index_n_heads": s.index_heads,
             "index_head_dim": s.index_head_dim,
-            "index_topk": 64,
+            "index_topk": s.index_topk,
             "candidate_source_layer_id": s.kv_sources.last().copied().unwrap_or(0),
-            "candidate_topk_blocks": 64,
+            "candidate_topk_blocks": s.candidate_blocks,
             "candidate_block_size": 8,
             "hc_mult": s.hc,
             "hc_sinkhorn_iters": 20,
@@ -334,7 +400,7 @@ fn model_config(s: &CheckpointSpec, compressed: usize, image_token: usize) -> Va
             "engram_layer_ids": s.engram_layers,
             "engram_num_embeddings": s.engram_rows,
             "engram_max_ngram_size": s.engram_ngram,
-            "engram_vocab_size": 4000,
+            "engram_vocab_size": s.engram_vocab,
             "engram_n_heads": s.engram_heads,
             "engram_head_dim": s.engram_head_dim,
             "engram_pad_token_id": 2,
@@ -345,7 +411,7 @@ fn model_config(s: &CheckpointSpec, compressed: usize, image_token: usize) -> Va
             "dspark_target_layer_ids": s.dspark_taps,
             "dspark_markov_rank": s.markov_rank,
             "dspark_n_routed_experts": s.draft_experts,
-            "dspark_num_experts_per_tok": 2
+            "dspark_num_experts_per_tok": s.draft_top_k
         },
         "vision_config": {"num_hidden_layers": 2, "hidden_size": 128}
     })
@@ -370,6 +436,7 @@ fn write_repo(
     seed: u64,
     shards: Vec<Vec<TensorSpec>>,
     threads: usize,
+    sparse: bool,
 ) -> Result<(Vec<PathBuf>, u64), CheckpointError> {
     let n = shards.len();
     let mut weight_map = serde_json::Map::new();
@@ -393,7 +460,7 @@ fn write_repo(
                         let Some((path, list)) = jobs.get(i) else {
                             break;
                         };
-                        out.push(writer::write_shard(path, seed, list));
+                        out.push(writer::write_shard(path, seed, list, sparse));
                     }
                     out
                 })
@@ -421,6 +488,36 @@ fn write_repo(
         &json!({"metadata": {"total_size": data_size}, "weight_map": Value::Object(weight_map)}),
     )?;
     Ok((jobs.into_iter().map(|(p, _)| p).collect(), total))
+}
+
+/// Writes only the EXL3 export (`out_dir/model`: config, tokenizer, index and shards) with sparse
+/// shards: real headers, data left as holes (reads give zeros), so a checkpoint of the real shapes
+/// costs no disk. For index-only planning and the engine's shape guard; never for data checks.
+///
+/// # Errors
+/// As [`generate`].
+pub fn generate_sparse_model(
+    spec: &CheckpointSpec,
+    out_dir: &Path,
+) -> Result<PathBuf, CheckpointError> {
+    spec.check()?;
+    let model_dir = out_dir.join("model");
+    std::fs::create_dir_all(&model_dir).map_err(io_err(&model_dir))?;
+    let (tok_text, _, image_token) = tokenizer::build(spec.seed, spec.tokenizer_tokens);
+    let tok_path = model_dir.join("tokenizer.json");
+    std::fs::write(&tok_path, &tok_text).map_err(io_err(&tok_path))?;
+    let tok = token_map::Tokenizer::parse(&tok_path, tok_text.as_bytes()).map_err(|e| {
+        CheckpointError::Inputs {
+            what: "the token map",
+            message: e.to_string(),
+        }
+    })?;
+    let config = model_config(spec, token_map::token_map(&tok).compressed, image_token);
+    write_json(&model_dir.join("config.json"), &config)?;
+    let mut shards = assign_shards(tensors::model_tensors(spec), spec.text_shards.max(1));
+    shards.push(tensors::vision_tensors(spec));
+    write_repo(&model_dir, spec.seed, shards, 1, true)?;
+    Ok(model_dir)
 }
 
 /// Generates the three repos under `out_dir` (`model/`, `original/`, `kit/`).
@@ -457,10 +554,16 @@ pub fn generate(spec: &CheckpointSpec, out_dir: &Path) -> Result<GeneratedRepos,
     let threads = 2;
     let mut shards = assign_shards(tensors::model_tensors(spec), spec.text_shards.max(1));
     shards.push(tensors::vision_tensors(spec));
-    let (shard_paths, model_bytes) = write_repo(&model_dir, spec.seed, shards, threads)?;
+    let (shard_paths, model_bytes) = write_repo(&model_dir, spec.seed, shards, threads, false)?;
 
     let (orig_a, orig_b) = tensors::original_tensors(spec);
-    write_repo(&original_dir, spec.seed, vec![orig_a, orig_b], threads)?;
+    write_repo(
+        &original_dir,
+        spec.seed,
+        vec![orig_a, orig_b],
+        threads,
+        false,
+    )?;
     let mut orig_config = config.clone();
     if let Some(o) = orig_config.as_object_mut() {
         o.insert(

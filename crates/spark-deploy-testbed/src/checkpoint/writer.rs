@@ -81,6 +81,7 @@ pub(crate) fn write_shard(
     path: &Path,
     seed: u64,
     tensors: &[TensorSpec],
+    sparse: bool,
 ) -> Result<u64, CheckpointError> {
     let io = |source| CheckpointError::Io {
         path: path.to_path_buf(),
@@ -94,6 +95,12 @@ pub(crate) fn write_shard(
     let mut w = BufWriter::with_capacity(CHUNK, File::create(path).map_err(io)?);
     w.write_all(&header).map_err(io)?;
     let mut total = header.len() as u64;
+    if sparse {
+        let data: u64 = tensors.iter().map(TensorSpec::bytes).sum();
+        let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+        f.set_len(total + data).map_err(io)?;
+        return Ok(total + data);
+    }
     for t in tensors {
         tensor_bytes(seed, t, |b| w.write_all(b)).map_err(io)?;
         total += t.bytes();

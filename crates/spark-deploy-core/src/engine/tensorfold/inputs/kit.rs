@@ -123,6 +123,39 @@ pub fn verify_kit(kit_dir: &Path) -> Result<usize, KitError> {
     }
 }
 
+/// Checks one kit file (e.g. a generated `vision/gate_bias_vl.safetensors` or RoPE table)
+/// against the kit's `MANIFEST`, when the kit has one. Returns `false` when there is no MANIFEST
+/// or it does not list the file (nothing to compare with), `true` when the file matches.
+///
+/// # Errors
+/// A malformed MANIFEST, or [`KitError::Mismatch`] when the file is missing or differs (the fix:
+/// use the kit's published file instead of the generated one).
+pub fn check_file(kit_dir: &Path, rel: &str) -> Result<bool, KitError> {
+    let mpath = kit_dir.join("MANIFEST");
+    let Ok(text) = std::fs::read_to_string(&mpath) else {
+        return Ok(false);
+    };
+    let Some((hash, _)) = parse_manifest(&mpath, &text)?
+        .into_iter()
+        .find(|(_, f)| f == rel)
+    else {
+        return Ok(false);
+    };
+    match sha256_file(&kit_dir.join(rel)) {
+        Ok(h) if h == hash => Ok(true),
+        Ok(_) => Err(KitError::Mismatch {
+            dir: kit_dir.to_path_buf(),
+            missing: Vec::new(),
+            differs: vec![rel.to_owned()],
+        }),
+        Err(_) => Err(KitError::Mismatch {
+            dir: kit_dir.to_path_buf(),
+            missing: vec![rel.to_owned()],
+            differs: Vec::new(),
+        }),
+    }
+}
+
 /// A `MANIFEST` text for every regular file under `kit_dir` except `MANIFEST` itself, sorted by
 /// path (for kits built locally and for tests).
 ///
@@ -183,6 +216,11 @@ mod tests {
             "{s}"
         );
         assert!(parse_manifest(Path::new("M"), "abc  x\n").is_err());
+        assert!(matches!(
+            check_file(d.path(), "rope.json"),
+            Err(KitError::Mismatch { .. })
+        ));
+        assert!(!check_file(d.path(), "not/listed").unwrap());
         assert!(parse_manifest(Path::new("M"), &format!("{}  ../x\n", "0".repeat(64))).is_err());
     }
 }

@@ -3,13 +3,17 @@
 //!
 //! Entry points for the `BuildRankCache` step:
 //! - [`plan_rank_cache`] (index only: index JSON and expected file name, writes nothing),
-//!   [`build_rank_cache`], [`verify_rank_cache`];
-//! - [`token_map::build_token_map`] / [`token_map::write_token_map`];
-//! - [`rope::RopeTables`] / [`rope::write_rope_tables`];
+//!   [`build_rank_cache`], [`verify_rank_cache`], [`read_sidecar`];
+//! - [`token_map::write_token_map`] (with the count check) / [`token_map::build_token_map`];
+//! - [`rope::write_rope_tables`] (checks a kit's `rope.json` when present);
 //! - [`bias_vl::write_bias_vl`];
 //! - [`kit::verify_kit`].
 //!
-//! Nothing here prints; progress goes through callbacks.
+//! Nothing here prints; progress goes through callbacks. Everything is blocking std I/O (positioned
+//! reads and writes on a few scoped threads): call it from `tokio::task::spawn_blocking` in async
+//! code. Memory: the plan (about 170 MB for the real checkpoint's 143,770 entries) plus, per copy
+//! thread, one chunk and at most one scratch buffer (`RankCacheOptions::chunk_bytes`, 8 MiB by
+//! default; strided reads use about 2 chunks of scratch).
 
 pub mod bias_vl;
 pub mod dtype;
@@ -25,6 +29,6 @@ pub mod token_map;
 pub use model_config::{ModelConfig, ModelConfigError};
 pub use rank_cache::{
     Cancelled, ExistingRankFile, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase,
-    RankCachePlan, RankCacheProgress, VerifyLevel, build_rank_cache, plan_rank_cache,
-    verify_rank_cache,
+    RankCachePlan, RankCacheProgress, VerifyLevel, build_rank_cache, plan_rank_cache, read_sidecar,
+    sidecar_path, verify_rank_cache,
 };

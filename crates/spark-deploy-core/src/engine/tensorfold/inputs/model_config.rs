@@ -353,6 +353,34 @@ impl ModelConfig {
         })
     }
 
+    /// What the engine refuses for every checkpoint, test-scale or not (`config.zig` `parse`):
+    /// `model_type` other than `deepseek_v41`, quantization other than EXL3 with the `mul1` codebook.
+    ///
+    /// # Errors
+    /// [`ModelConfigError::Shape`] naming the field.
+    pub fn check_model_kind(&self, path: &Path) -> Result<(), ModelConfigError> {
+        let s = |field: &str, found: &str, expected: &str| ModelConfigError::Shape {
+            path: path.to_path_buf(),
+            field: field.to_owned(),
+            found: format!("{found:?}"),
+            expected: format!("{expected:?}"),
+        };
+        if self.model_type != "deepseek_v41" {
+            return Err(s("model_type", &self.model_type, "deepseek_v41"));
+        }
+        if self.quant_method != "exl3" {
+            return Err(s(
+                "quantization_config.quant_method",
+                &self.quant_method,
+                "exl3",
+            ));
+        }
+        if self.codebook != "mul1" {
+            return Err(s("quantization_config.codebook", &self.codebook, "mul1"));
+        }
+        Ok(())
+    }
+
     /// The engine's guard (`config.zig` `parse` + `checkShapes`): model type, EXL3 mul1, and the
     /// exact shapes of DeepSeek-V4.1-Flash. Run it for the real profile before writing anything;
     /// test-scale checkpoints skip it.
@@ -366,27 +394,7 @@ impl ModelConfig {
             found,
             expected: expected.to_owned(),
         };
-        if self.model_type != "deepseek_v41" {
-            return Err(s(
-                "model_type",
-                format!("{:?}", self.model_type),
-                "\"deepseek_v41\"",
-            ));
-        }
-        if self.quant_method != "exl3" {
-            return Err(s(
-                "quantization_config.quant_method",
-                format!("{:?}", self.quant_method),
-                "\"exl3\"",
-            ));
-        }
-        if self.codebook != "mul1" {
-            return Err(s(
-                "quantization_config.codebook",
-                format!("{:?}", self.codebook),
-                "\"mul1\"",
-            ));
-        }
+        self.check_model_kind(path)?;
         let checks: [(&str, usize, usize); 27] = [
             ("num_hidden_layers", self.layers, 40),
             ("num_nextn_predict_layers", self.draft_layers, 3),

@@ -136,6 +136,10 @@ pub struct RankCacheOptions {
     pub chunk_bytes: usize,
     /// Behaviour when a file for this rank already exists.
     pub existing: ExistingRankFile,
+    /// What the checkpoint is (e.g. `repo@revision`, plus the ABLIT overlay's identity), recorded
+    /// in the sidecar. The file name alone cannot tell two revisions (or a base and an ABLIT
+    /// build) with the same shapes apart: the index holds no content hash.
+    pub source_label: Option<String>,
 }
 
 impl Default for RankCacheOptions {
@@ -147,6 +151,7 @@ impl Default for RankCacheOptions {
             threads: 4,
             chunk_bytes: 8 << 20,
             existing: ExistingRankFile::Refuse,
+            source_label: None,
         }
     }
 }
@@ -255,6 +260,25 @@ impl RankCachePlan {
         self.data_bytes + self.index_json.len() as u64 + 16
     }
 
+    /// The sidecar written next to a built file (`<file>.source.json`): the index hash, the split,
+    /// and `source_label`.
+    #[must_use]
+    pub fn sidecar_json(&self, source_label: Option<&str>, overlay: Option<&Path>) -> String {
+        use sha2::Digest;
+        serde_json::json!({
+            "file": self.file_name,
+            "index_sha256": hex::encode(sha2::Sha256::digest(self.index_json.as_bytes())),
+            "entries": self.entries.len(),
+            "data_bytes": self.data_bytes,
+            "rank": self.rank,
+            "world": self.world,
+            "dspark": self.dspark,
+            "overlay": overlay.map(|p| p.display().to_string()),
+            "source": source_label,
+        })
+        .to_string()
+    }
+
     /// The summary line the reference writer prints (`{"file", "entries", ...}`), for this plan
     /// written to `file`.
     #[must_use]
@@ -288,6 +312,7 @@ pub fn plan_rank_cache(
     opts: &RankCacheOptions,
 ) -> Result<RankCachePlan, RankCacheError> {
     let config = ModelConfig::read(model_dir)?;
+    config.check_model_kind(&model_dir.join("config.json"))?;
     if opts.engine_shape_guard {
         config.check_engine_shapes(&model_dir.join("config.json"))?;
     }
@@ -530,7 +555,9 @@ fn copy_piece(
             let span0 = src_of(p0);
             let span1 = offset + r1 * stride + (p1 - r1 * run);
             let span = span1 - span0;
-            if span <= (dst.len() as u64 * 4).max(4 << 20) {
+            // one read covering every run when that reads at most about twice what is kept
+            // (column halves); otherwise a read a run
+            if span <= dst.len() as u64 * 2 + 2 * stride {
                 scratch.resize(span as usize, 0);
                 files[shard].read_exact_at(scratch, span0)?;
                 let mut p = p0;
@@ -780,14 +807,46 @@ pub fn build_rank_cache(
         for old in existing {
             let to = aside.join(old.file_name().unwrap_or_default());
             std::fs::rename(&old, &to).map_err(io("move aside", &old))?;
+            let side = sidecar_path(&old);
+            if side.exists() {
+                let to = aside.join(side.file_name().unwrap_or_default());
+                std::fs::rename(&side, &to).map_err(io("move aside", &side))?;
+            }
         }
     }
     let dest = out_dir.join(&plan.file_name);
     std::fs::rename(&partial, &dest).map_err(io("rename", &partial))?;
+    let side = sidecar_path(&dest);
+    let side_tmp = out_dir.join(format!(
+        ".{}.partial",
+        side.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    std::fs::write(
+        &side_tmp,
+        plan.sidecar_json(opts.source_label.as_deref(), opts.overlay.as_deref()),
+    )
+    .map_err(io("write", &side_tmp))?;
+    std::fs::rename(&side_tmp, &side).map_err(io("rename", &side_tmp))?;
     File::open(out_dir)
         .and_then(|d| d.sync_all())
         .map_err(io("fsync", out_dir))?;
     Ok(dest)
+}
+
+/// `<rank file>.source.json`: the sidecar a build leaves next to the rank file (the engine only
+/// looks at `*.bin`).
+#[must_use]
+pub fn sidecar_path(rank_file: &Path) -> PathBuf {
+    let mut name = rank_file.file_name().unwrap_or_default().to_os_string();
+    name.push(".source.json");
+    rank_file.with_file_name(name)
+}
+
+/// The sidecar of a rank file, if present and readable.
+#[must_use]
+pub fn read_sidecar(rank_file: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read(sidecar_path(rank_file)).ok()?;
+    serde_json::from_slice(&text).ok()
 }
 
 /// How deep [`verify_rank_cache`] looks.
@@ -917,4 +976,95 @@ pub fn verify_rank_cache(
         for_each_chunk(plan, opts, RankCachePhase::Verify, progress, &sink)?;
     }
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(source: SourceRange, bytes: u64) -> PlannedEntry {
+        PlannedEntry {
+            row: IndexRow {
+                key: "k".into(),
+                dtype: DType::U8,
+                shape: vec![bytes as usize],
+                offset: 0,
+                bytes,
+            },
+            tensor: "t".into(),
+            source,
+        }
+    }
+
+    #[test]
+    fn strided_pieces_by_one_read_and_by_runs() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("src");
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let files = vec![File::open(&p).unwrap()];
+        // (run, stride): dense runs (one covering read) and sparse runs (a read a run)
+        for (run, stride) in [(8u64, 12u64), (8, 64), (5, 40)] {
+            let count = 4000 / stride;
+            let e = entry(
+                SourceRange::Strided {
+                    shard: 0,
+                    offset: 16,
+                    run,
+                    stride,
+                    count,
+                },
+                run * count,
+            );
+            let want: Vec<u8> = (0..count)
+                .flat_map(|r| {
+                    data[(16 + r * stride) as usize..(16 + r * stride + run) as usize].to_vec()
+                })
+                .collect();
+            let mut scratch = Vec::new();
+            for (p0, p1) in [
+                (0, run * count),
+                (3, 3 + run),
+                (run - 1, run * 7 + 2),
+                (run * 2, run * 3),
+            ] {
+                let mut dst = vec![0u8; (p1 - p0) as usize];
+                copy_piece(&e, &files, p0, p1, &mut dst, &mut scratch).unwrap();
+                assert_eq!(
+                    dst,
+                    want[p0 as usize..p1 as usize],
+                    "run {run} stride {stride} [{p0}, {p1})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn widening_pieces_start_and_end_inside_values() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("src");
+        let halves: Vec<u16> = vec![0x3c00, 0xc000, 0x0001, 0x7bff, 0x8400, 0x3555];
+        let data: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+        std::fs::write(&p, &data).unwrap();
+        let files = vec![File::open(&p).unwrap()];
+        let e = entry(
+            SourceRange::WidenF16 {
+                shard: 0,
+                offset: 0,
+            },
+            24,
+        );
+        let want: Vec<u8> = halves
+            .iter()
+            .flat_map(|h| f16_to_f32_bits(*h).to_le_bytes())
+            .collect();
+        assert_eq!(f32::from_le_bytes(want[0..4].try_into().unwrap()), 1.0);
+        assert_eq!(f32::from_le_bytes(want[4..8].try_into().unwrap()), -2.0);
+        let mut scratch = Vec::new();
+        for (p0, p1) in [(0u64, 24u64), (1, 23), (5, 6), (7, 13)] {
+            let mut dst = vec![0u8; (p1 - p0) as usize];
+            copy_piece(&e, &files, p0, p1, &mut dst, &mut scratch).unwrap();
+            assert_eq!(dst, want[p0 as usize..p1 as usize], "[{p0}, {p1})");
+        }
+    }
 }
