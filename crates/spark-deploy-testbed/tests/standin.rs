@@ -663,6 +663,31 @@ fn inputs_are_checked_like_the_engine() {
         err.contains("MissingTensor") && err.contains("rank 1's share"),
         "{err}"
     );
+    // config.json: another family, and a missing §5.1a field
+    for (edit, name) in [
+        ("model_type", "UnsupportedModel"),
+        ("index_topk", "BadConfig"),
+    ] {
+        let m = dir.path().join(format!("model-{edit}"));
+        std::fs::create_dir_all(&m).unwrap();
+        std::fs::copy(f.model.join("tokenizer.json"), m.join("tokenizer.json")).unwrap();
+        let mut cfg: Value =
+            serde_json::from_slice(&std::fs::read(f.model.join("config.json")).unwrap()).unwrap();
+        if edit == "model_type" {
+            cfg["model_type"] = json!("deepseek_v3");
+        } else {
+            cfg["text_config"].as_object_mut().unwrap().remove(edit);
+        }
+        std::fs::write(m.join("config.json"), cfg.to_string()).unwrap();
+        let c = rank1_cmd(&f.cache1, &f.kit, free_port(), &["--pool", "4096"]);
+        let mut args: Vec<std::ffi::OsString> = c.get_args().map(ToOwned::to_owned).collect();
+        args[0] = m.clone().into_os_string();
+        let mut c = Command::new(f.engine.join("tf-dsv41-lanes"));
+        c.env_clear().args(args);
+        let (code, _, err) = run_to_exit(c);
+        assert_eq!(code, 1);
+        assert!(err.contains(name) && err.contains(edit), "{err}");
+    }
     // a token map one entry short
     let tm: Vec<i64> = serde_json::from_slice(&std::fs::read(&f.token_map).unwrap()).unwrap();
     let short = dir.path().join("short.json");

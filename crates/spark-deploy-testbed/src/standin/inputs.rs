@@ -141,7 +141,8 @@ impl ModelConfig {
     /// level; `model_type`, token ids, `quantization_config`, `vision_config` from the top level).
     ///
     /// # Errors
-    /// `BadConfig` naming the missing or malformed field.
+    /// `BadConfig` naming the missing or malformed field; `UnsupportedModel` for a
+    /// `model_type` other than `deepseek_v41` or a quantization other than EXL3 `mul1`.
     pub fn read(model_dir: &Path) -> Result<Self, InputsError> {
         let path = model_dir.join("config.json");
         let v = read_json(&path, "BadConfig", 16 << 20)?;
@@ -167,6 +168,25 @@ impl ModelConfig {
         ] {
             if !top.contains_key(f) {
                 return Err(bad(f, "missing at the top level"));
+            }
+        }
+        // the family's identity (`config.zig`): dsv41, EXL3 with the mul1 codebook
+        let q = &top["quantization_config"];
+        for (field, found, want) in [
+            ("model_type", &top["model_type"], "deepseek_v41"),
+            (
+                "quantization_config.quant_method",
+                &q["quant_method"],
+                "exl3",
+            ),
+            ("quantization_config.codebook", &q["codebook"], "mul1"),
+        ] {
+            if found.as_str() != Some(want) {
+                return Err(InputsError::new(
+                    "UnsupportedModel",
+                    &path,
+                    format!("{field} is {found}, the dsv41 engine only serves {want}"),
+                ));
             }
         }
         for f in [
