@@ -1238,9 +1238,15 @@ fn rank_1_runs_in_the_from_scratch_image() {
         image: tag.clone(),
         container: format!("spark-deploy-standin-test-{}", std::process::id()),
     };
-    let tar =
-        spark_deploy_testbed::standin::rootfs_tar(Path::new(env!("CARGO_BIN_EXE_tf-standin")))
-            .unwrap();
+    let programs: Vec<&Path> = spark_deploy_testbed::standin::SHELL_PROGRAMS
+        .iter()
+        .map(Path::new)
+        .collect();
+    let tar = spark_deploy_testbed::standin::rootfs_tar_with(
+        Path::new(env!("CARGO_BIN_EXE_tf-standin")),
+        &programs,
+    )
+    .unwrap();
     let mut imp = Command::new("docker")
         .args([
             "import",
@@ -1294,17 +1300,23 @@ fn rank_1_runs_in_the_from_scratch_image() {
     }
     c.arg("-v")
         .arg(format!("{}:/engine:ro", f.engine.display()));
-    c.arg(&tag)
-        .arg("/engine/tf-dsv41-lanes")
-        .arg(&f.model)
-        .arg(&f.cache1);
-    c.args(["1", "2", "127.0.0.1", &tp.to_string()])
-        .arg(&f.kit)
-        .arg("--engram")
-        .arg(&f.original)
-        .arg("--token-map")
-        .arg(&f.token_map)
-        .args(["--pool", &POOL.to_string()]);
+    let logs = tempfile::tempdir().unwrap();
+    c.arg("-v").arg(format!("{}:/logs", logs.path().display()));
+    // the engine profile's wrapper (ENGINE-CONTRACT.md §2.2), run by the image's bash and tee
+    let q = |p: &Path| format!("'{}'", p.display());
+    let cmd = format!(
+        "/engine/tf-dsv41-lanes {} {} 1 2 127.0.0.1 {tp} {} --engram {} --token-map {} --pool {POOL}",
+        q(&f.model),
+        q(&f.cache1),
+        q(&f.kit),
+        q(&f.original),
+        q(&f.token_map)
+    );
+    c.arg(&tag).args([
+        "bash",
+        "-c",
+        &format!("( {cmd} ) 2>&1 | tee /logs/rank1.log"),
+    ]);
     let mut rank1 = Proc::spawn(c);
     rank1.wait_json("loaded", |v| v.get("loaded_s").is_some());
     let mut rank0 = Proc::spawn(rank0_cmd(
@@ -1322,5 +1334,7 @@ fn rank_1_runs_in_the_from_scratch_image() {
     assert_eq!(rank0.wait_exit().code(), Some(0));
     rank1.wait_json("followed", |v| v["followed"] == true);
     assert_eq!(rank1.wait_exit().code(), Some(0), "{}", rank1.stderr());
+    let log = std::fs::read_to_string(logs.path().join("rank1.log")).unwrap();
+    assert!(log.contains("\"followed\": true"), "{log}");
     drop(g);
 }

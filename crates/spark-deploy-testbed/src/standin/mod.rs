@@ -32,7 +32,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-pub use rootfs::{rootfs_tar, write_rootfs_tar};
+pub use rootfs::{SHELL_PROGRAMS, rootfs_tar, rootfs_tar_with, write_rootfs_tar};
 
 use self::args::{ArgsError, Rank0Args, Rank1Args};
 use self::inputs::{Checkpoint, ModelConfig};

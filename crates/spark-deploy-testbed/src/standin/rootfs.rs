@@ -137,6 +137,23 @@ impl TarBuilder {
 /// # Errors
 /// `ldd` fails, or a library cannot be read.
 pub fn rootfs_tar(binary: &Path) -> io::Result<Vec<u8>> {
+    rootfs_tar_with(binary, &[])
+}
+
+/// The host programs that make the engine profile's container command work unchanged:
+/// `bash -c "( CMD ) 2>&1 | tee /logs/NAME.log"` (ENGINE-CONTRACT.md §2.2).
+pub const SHELL_PROGRAMS: &[&str] = &["/usr/bin/bash", "/usr/bin/tee"];
+
+fn read(p: &Path) -> io::Result<Vec<u8>> {
+    std::fs::read(p).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+}
+
+/// [`rootfs_tar`] plus host `programs` (e.g. [`SHELL_PROGRAMS`]), each stored at its absolute
+/// path (symlinks resolved) together with the libraries `ldd` lists for it.
+///
+/// # Errors
+/// `ldd` fails for the binary or a program, or a file cannot be read.
+pub fn rootfs_tar_with(binary: &Path, programs: &[&Path]) -> io::Result<Vec<u8>> {
     let mut t = TarBuilder::default();
     t.dir("tmp", 0o1777)?;
     t.dir("engine", 0o755)?;
@@ -146,10 +163,17 @@ pub fn rootfs_tar(binary: &Path) -> io::Result<Vec<u8>> {
         b"root:x:0:0:root:/root:/engine/tf-dsv41-lanes\n",
     )?;
     t.file("etc/group", 0o644, b"root:x:0:\n")?;
-    for lib in ldd_paths(binary)? {
-        let data = std::fs::read(&lib)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", lib.display())))?;
-        t.file(&lib.to_string_lossy(), 0o755, &data)?;
+    let mut libs: Vec<PathBuf> = ldd_paths(binary)?;
+    for p in programs {
+        for l in ldd_paths(p)? {
+            if !libs.contains(&l) {
+                libs.push(l);
+            }
+        }
+        t.file(&p.to_string_lossy(), 0o755, &read(p)?)?;
+    }
+    for lib in libs {
+        t.file(&lib.to_string_lossy(), 0o755, &read(&lib)?)?;
     }
     Ok(t.finish())
 }
