@@ -174,7 +174,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new().fallback(dispatch).with_state(state)
 }
 
-/// Serves until `shutdown` resolves.
+/// Binds the HTTP listener on `--host:--port` (IPv6 literals bracketed).
 ///
 /// # Errors
 /// [`ServerError::Bind`].

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::inputs::Checkpoint;
-use super::rank_file::{Entry, RankFile};
+use super::rank_file::{Entry, Exl3Key, RankFile};
 
 /// Why a rank could not compute its partials (a load error: the file lacks what the plan wants).
 #[derive(Debug, thiserror::Error)]
@@ -123,10 +123,11 @@ fn xtw(data: &[u8], row0: u64, cols: usize) -> Vec<i64> {
     y
 }
 
-fn find_part<'a>(rf: &'a RankFile, prefix: &str, part: &str) -> Option<&'a Entry> {
-    rf.entries.iter().find(|e| {
+fn find_part<'a>(rf: &'a RankFile, prefix: &str, part: &str) -> Option<(&'a Entry, Exl3Key)> {
+    rf.entries.iter().find_map(|e| {
         e.exl3()
-            .is_some_and(|k| k.prefix == prefix && k.part == part)
+            .filter(|k| k.prefix == prefix && k.part == part)
+            .map(|k| (e, k))
     })
 }
 
@@ -146,9 +147,8 @@ pub fn rank_partials(
     };
     let mut out = Vec::new();
     for prefix in tensors {
-        let tr = find_part(rf, prefix, "tr")
+        let (tr, key) = find_part(rf, prefix, "tr")
             .ok_or_else(|| missing(format!("no {prefix}|…|tr entry")))?;
-        let key = tr.exl3().unwrap_or_else(|| unreachable_key(prefix));
         let (split, range) = match (key.cols, key.rows) {
             (Some(c), None) => (Split::Column, c),
             (None, Some(r)) => (Split::Row, r),
@@ -192,9 +192,9 @@ pub fn rank_partials(
             Split::Row => range.0 / 16,
         };
         let y = xtw(&rf.read(tr)?, row0, cols);
-        let suh = find_part(rf, prefix, "suh")
+        let (suh, _) = find_part(rf, prefix, "suh")
             .ok_or_else(|| missing(format!("no {prefix}|…|suh entry")))?;
-        let svh = find_part(rf, prefix, "svh")
+        let (svh, _) = find_part(rf, prefix, "svh")
             .ok_or_else(|| missing(format!("no {prefix}|…|svh entry")))?;
         out.push(Partial {
             prefix: prefix.clone(),
@@ -207,15 +207,6 @@ pub fn rank_partials(
         });
     }
     Ok(out)
-}
-
-fn unreachable_key(prefix: &str) -> super::rank_file::Exl3Key {
-    super::rank_file::Exl3Key {
-        prefix: prefix.to_owned(),
-        cols: None,
-        rows: None,
-        part: "tr".into(),
-    }
 }
 
 /// The outcome for one tensor.
