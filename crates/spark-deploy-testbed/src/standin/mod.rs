@@ -18,6 +18,38 @@
 //!
 //! Library code does not print: the protocol lines go to the `out` writer the binary passes
 //! (stdout), errors to `err` (stderr).
+//!
+//! # Installing and launching (for the testbed's engine profile)
+//!
+//! - Build `tf-standin` (`cargo build -p spark-deploy-testbed --bin tf-standin`; find it with
+//!   [`locate_binary`]) and put it in an engine dir under both names with
+//!   [`install_engine_dir`] (`tensorfold-native`, `tf-dsv41-lanes`); mount that dir at `/engine`.
+//! - Image: `docker import` the tar of [`rootfs_tar`] (loader + the libraries `ldd` lists, `/tmp`)
+//!   or of [`rootfs_tar_with`]`(bin, SHELL_PROGRAMS)`, which adds `bash` and `tee` so the
+//!   profile's `bash -c "( CMD ) 2>&1 | tee /logs/NAME.log"` wrapper runs unchanged.
+//! - Command lines and env: exactly ENGINE-CONTRACT.md §2.9 (paths inside the containers).
+//!   Test-scale knobs: `TF_STANDIN_CONNECT_TIMEOUT_S` (rank 1), `TF_STANDIN_PROOF` (both).
+//!
+//! # Behaviour decisions where the contract is silent
+//!
+//! - Errors before serving/following: one stderr line `error.<Name>: <context>`, exit 1 (exit 2
+//!   for rank-0 usage errors and unserved flags). Names used beyond the contract's: `NoTpMaster`,
+//!   `BadIp`, `BadPort`, `BadEnvironment`, `BadConfig`, `UnsupportedModel`, `NoTokenizer`,
+//!   `BadTokenMap`, `NoRopeTables`, `RopeTableTooShort` (pool + 49 rows, §7), `BadEngramJson`,
+//!   `NoKernelImages` (no `aot.json`), `NoVisionBias`, `EngramRowsDiffer`, `BadRankCache`,
+//!   `MissingTensor`, `BadApiKeyFile`, `BindFailed`, `AddressInUse`.
+//! - `ConnectFailed` goes to stderr only (it happens before following); rank 1's
+//!   `{"rank": 1, "follow": …}` lines are for errors while following.
+//! - Rank 0 prints two stand-in lines on stdout: `{"rank": 0, "loaded_s", "pool", "rendezvous"}`
+//!   (SIGTERM is handled from then on) and `{"rank": 0, "serving", "split_proof"}`. HTTP opens
+//!   only after the rendezvous and the proof (the engine's order is open, §15.5).
+//! - `--pool` ≠ `--context` is only noticed as the engine notices it: a larger rank-0 pool makes
+//!   rank 1 fail with `FrameTooLong` (rank 0 then serves with a failed proof: every chat is 500);
+//!   a smaller one goes unnoticed. Drafts, kit, token map and Engram mismatches are not checked.
+//! - Not emulated: rank-0 gate mode of `tf-dsv41-lanes`, TP=4 (`NotPortedYet`), NCCL/RDMA,
+//!   `follow_refused`, `/v1/completions`, `/v1/responses`, `/v1/messages`, tokenize routes (404),
+//!   non-PNG images (400: the image has no python3/Pillow), the config shape guard (§5.6;
+//!   test-scale checkpoints must pass), kit `MANIFEST` verification (not done by the engine).
 
 pub mod args;
 pub mod inputs;
