@@ -291,6 +291,7 @@ fn rank0_env(cache: &Path, kit: &Path, port: u16) -> HashMap<String, String> {
         ("TF_DS_ENGRAM", f.original.display().to_string()),
         ("TF_DS_TOKEN_MAP", f.token_map.display().to_string()),
         ("TF_DS_GRAPHS", "1".into()),
+        ("TF_RDMA_DEVICES", "lo0,lo1".into()),
         ("NCCL_SOCKET_IFNAME", "lo".into()),
     ] {
         e.insert(k.to_owned(), v);
@@ -1030,6 +1031,26 @@ fn the_proof_can_cover_every_split_tensor() {
 }
 
 #[test]
+fn different_rdma_device_counts_stop_both_ranks_with_bad_info() {
+    let f = fixture();
+    let tp = free_port();
+    let mut rank1 = Proc::spawn(rank1_cmd(
+        &f.cache1,
+        &f.kit,
+        tp,
+        &["--pool", "4096", "--rdma", "mlx5_0,mlx5_1"],
+    ));
+    rank1.wait_json("loaded", |v| v.get("loaded_s").is_some());
+    let mut env = rank0_env(&f.cache0, &f.kit, tp);
+    env.insert("TF_RDMA_DEVICES".into(), "mlx5_0".into());
+    let mut rank0 = Proc::spawn(rank0_cmd(&env, free_port(), POOL, &[]));
+    assert_eq!(rank0.wait_exit().code(), Some(1));
+    assert!(rank0.stderr().contains("BadInfo"), "{}", rank0.stderr());
+    assert_eq!(rank1.wait_exit().code(), Some(1));
+    assert!(rank1.stderr().contains("BadInfo"), "{}", rank1.stderr());
+}
+
+#[test]
 fn rank_0_stops_cleanly_while_waiting_for_rank_1() {
     let f = fixture();
     let mut r0 = Proc::spawn(rank0_cmd(
@@ -1305,7 +1326,7 @@ fn rank_1_runs_in_the_from_scratch_image() {
     // the engine profile's wrapper (ENGINE-CONTRACT.md §2.2), run by the image's bash and tee
     let q = |p: &Path| format!("'{}'", p.display());
     let cmd = format!(
-        "/engine/tf-dsv41-lanes {} {} 1 2 127.0.0.1 {tp} {} --engram {} --token-map {} --pool {POOL}",
+        "/engine/tf-dsv41-lanes {} {} 1 2 127.0.0.1 {tp} {} --engram {} --token-map {} --pool {POOL} --rdma lo0,lo1",
         q(&f.model),
         q(&f.cache1),
         q(&f.kit),

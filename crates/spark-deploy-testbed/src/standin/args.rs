@@ -455,7 +455,12 @@ fn parse_rank0_env(env: &HashMap<String, String>) -> Result<Rank0Env, ArgsError>
     let kit = PathBuf::from(kit);
     let kernels = get("TENSORFOLD_CUDA_KERNELS").map_or_else(|| kit.join("aot"), PathBuf::from);
     let rdma_devices = get("TF_RDMA_DEVICES")
-        .map(|v| v.split(',').map(str::to_owned).collect())
+        .map(|v| {
+            v.split(',')
+                .filter(|d| !d.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     let streams = env_flag_u32(env, "TF_DS_STREAMS", 4, 1..=16)?;
     let round_rows = env_flag_u32(env, "TF_DS_ROUND_ROWS", 16, 16..=48)?;
@@ -591,7 +596,13 @@ pub fn parse_rank1(args: &[String]) -> Result<Rank1Args, ArgsError> {
             "--arena-gib" => arena = Some(bad_num(key, v)?),
             "--engram" => a.engram = Some(PathBuf::from(v)),
             "--token-map" => a.token_map = Some(PathBuf::from(v)),
-            "--rdma" => a.rdma = v.split(',').map(str::to_owned).collect(),
+            "--rdma" => {
+                a.rdma = v
+                    .split(',')
+                    .filter(|d| !d.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+            }
             "--graphs" | "--side" | "--prefetch" | "--aio" | "--serial" => {
                 zero_one(v)?;
             }

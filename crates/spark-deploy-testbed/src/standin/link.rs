@@ -66,6 +66,14 @@ pub enum LinkError {
         /// How long it tried.
         secs: u64,
     },
+    /// The ranks use different numbers of RDMA devices (`rdma.zig connect`: `ri.devices != r.nd`).
+    #[error("BadInfo")]
+    BadInfo {
+        /// This rank's device count.
+        ours: usize,
+        /// The peer's.
+        theirs: usize,
+    },
     /// Rank 0 could not bind its rendezvous address.
     #[error("BindFailed")]
     Bind {
@@ -86,6 +94,7 @@ impl LinkError {
             Self::BadFrame => "BadFrame",
             Self::OutOfStep { .. } => "OutOfStep",
             Self::ConnectFailed { .. } => "ConnectFailed",
+            Self::BadInfo { .. } => "BadInfo",
             Self::Bind { .. } => "BindFailed",
         }
     }
@@ -104,6 +113,9 @@ impl LinkError {
                 format!("ConnectFailed: no rank 0 listening on {addr} within {secs} s")
             }
             Self::Bind { addr, source } => format!("BindFailed: cannot bind {addr}: {source}"),
+            Self::BadInfo { ours, theirs } => format!(
+                "BadInfo: this rank has {ours} RDMA devices, the peer {theirs} (TF_RDMA_DEVICES / --rdma must list the same count on both ranks)"
+            ),
             other => other.name().to_owned(),
         }
     }

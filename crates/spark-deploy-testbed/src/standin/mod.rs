@@ -43,6 +43,9 @@
 //! - Rank 0 prints two stand-in lines on stdout: `{"rank": 0, "loaded_s", "pool", "rendezvous"}`
 //!   (SIGTERM is handled from then on) and `{"rank": 0, "serving", "split_proof"}`. HTTP opens
 //!   only after the rendezvous and the proof (the engine's order is open, §15.5).
+//! - Different RDMA device counts (`TF_RDMA_DEVICES` vs `--rdma`, empty = none) stop both
+//!   ranks with `error.BadInfo` right after the rendezvous (`rdma.zig connect`); the stand-in
+//!   also treats "RDMA on one rank only" as `BadInfo` (the engine would hang in the QP exchange).
 //! - `--pool` ≠ `--context` is only noticed as the engine notices it: a larger rank-0 pool makes
 //!   rank 1 fail with `FrameTooLong` (rank 0 then serves with a failed proof: every chat is 500);
 //!   a smaller one goes unnoticed. Drafts, kit, token map and Engram mismatches are not checked.
@@ -284,12 +287,20 @@ fn run_rank1(
         let _ = out.flush();
     };
     let limit = link::rank1_limit(a.pool);
-    let partials =
-        serde_json::to_vec(&serde_json::json!({"partials": l.partials})).unwrap_or_default();
+    let partials = serde_json::to_vec(
+        &serde_json::json!({"partials": l.partials, "rdma_devices": a.rdma.len()}),
+    )
+    .unwrap_or_default();
     let mut expected = 0u64;
     loop {
+        let mut peer_rdma = None;
         let r = link::read_frame(&mut s, limit).and_then(|f| {
-            let (k, step, _) = link::split_payload(&f)?;
+            let (k, step, fields) = link::split_payload(&f)?;
+            if k == kind::INIT && fields.len() >= 8 {
+                peer_rdma = Some(u32::from_le_bytes([
+                    fields[4], fields[5], fields[6], fields[7],
+                ]));
+            }
             if step != expected {
                 return Err(LinkError::OutOfStep {
                     expected,
@@ -313,6 +324,15 @@ fn run_rank1(
                 {
                     follow(out, &e);
                     return Ok(1);
+                }
+                // the RDMA ring's QP exchange: both ranks refuse different device counts
+                let theirs = peer_rdma.unwrap_or(0) as usize;
+                if theirs != a.rdma.len() {
+                    return Err(LinkError::BadInfo {
+                        ours: a.rdma.len(),
+                        theirs,
+                    }
+                    .into());
                 }
             }
             Ok((_, step)) => {
@@ -391,6 +411,7 @@ async fn rank0_async(
     let pad = usize::try_from((a.context + 1) * 4).unwrap_or(usize::MAX);
     let mut fields = vec![0u8; pad];
     fields[..4].copy_from_slice(&(l.tensors.len() as u32).to_le_bytes());
+    fields[4..8].copy_from_slice(&(a.env.rdma_devices.len() as u32).to_le_bytes());
     let exchanged = async {
         link::write_frame_async(&mut s, &link::payload(kind::INIT, 0, &fields)).await?;
         let f = link::read_frame_async(&mut s, 1 << 30).await?;
@@ -403,10 +424,17 @@ async fn rank0_async(
     .await;
     let (proof, stream) = match exchanged {
         Ok(body) => {
-            let peer: Vec<Partial> = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| serde_json::from_value(v["partials"].clone()).ok())
-                .unwrap_or_default();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let theirs = v["rdma_devices"].as_u64().unwrap_or(0) as usize;
+            if theirs != a.env.rdma_devices.len() {
+                return Err(LinkError::BadInfo {
+                    ours: a.env.rdma_devices.len(),
+                    theirs,
+                }
+                .into());
+            }
+            let peer: Vec<Partial> =
+                serde_json::from_value(v["partials"].clone()).unwrap_or_default();
             let mut all = l.partials.clone();
             all.extend(peer);
             let tensors = l.tensors.clone();
