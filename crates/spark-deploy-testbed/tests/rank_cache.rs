@@ -719,3 +719,44 @@ fn generation_is_deterministic_from_the_seed() {
     assert_eq!(hash_dir(a.path()), hash_dir(b.path()));
     assert_ne!(hash_dir(a.path()), hash_dir(c.path()));
 }
+
+#[test]
+fn a_shard_truncated_after_planning_fails_the_build_with_the_entry() {
+    let d = tempfile::tempdir().unwrap();
+    let model = d.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for e in std::fs::read_dir(small()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
+    }
+    let o = opts();
+    let plan = plan_rank_cache(&model, 0, 2, &o).unwrap();
+    let shard = model.join("model-00002-of-00005.safetensors");
+    let len = std::fs::metadata(&shard).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = d.path().join("out");
+    let err = build_rank_cache(&plan, &out, &o, &mut no_progress()).unwrap_err();
+    match &err {
+        RankCacheError::ReadSource {
+            key, path, rank, ..
+        } => {
+            assert_eq!(*rank, 0);
+            assert_eq!(path, &shard);
+            assert!(plan.entries.iter().any(|e| &e.row.key == key));
+        }
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("re-download"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&out).unwrap().count(),
+        0,
+        "no file is left behind"
+    );
+    // planning again refuses the truncated shard up front
+    assert!(plan_rank_cache(&model, 0, 2, &o).is_err());
+}

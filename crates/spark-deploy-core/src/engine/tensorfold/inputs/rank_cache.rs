@@ -86,6 +86,20 @@ pub enum RankCacheError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// Reading an entry's source bytes failed.
+    #[error(
+        "rank {rank}: cannot read entry `{key}` from {path}: {source}; the shard may be truncated or on a failing disk, re-download it"
+    )]
+    ReadSource {
+        /// The rank.
+        rank: usize,
+        /// The entry being copied.
+        key: String,
+        /// The shard.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// The progress callback asked to stop; no file was left under a final name.
     #[error("rank {rank}: the build was cancelled; no rank file was written, run it again")]
     Cancelled {
@@ -323,7 +337,7 @@ pub fn plan_rank_cache(
     }
     let mut entries = Vec::with_capacity(wants.len());
     let mut at = 0u64;
-    for w in &wants {
+    for w in wants {
         let t = checkpoint
             .get(&w.tensor)
             .ok_or_else(|| RankCacheError::MissingTensor {
@@ -332,7 +346,7 @@ pub fn plan_rank_cache(
                 tensor: w.tensor.clone(),
                 model_dir: model_dir.to_path_buf(),
             })?;
-        let (dtype, shape, source) = resolve(w, t).map_err(|problem| RankCacheError::Layout {
+        let (dtype, shape, source) = resolve(&w, t).map_err(|problem| RankCacheError::Layout {
             rank,
             key: w.key.clone(),
             tensor: w.tensor.clone(),
@@ -341,19 +355,18 @@ pub fn plan_rank_cache(
         let bytes = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
         entries.push(PlannedEntry {
             row: IndexRow {
-                key: w.key.clone(),
+                key: w.key,
                 dtype,
                 shape,
                 offset: at,
                 bytes,
             },
-            tensor: w.tensor.clone(),
+            tensor: w.tensor,
             source,
         });
         at += bytes;
     }
-    let rows: Vec<IndexRow> = entries.iter().map(|e| e.row.clone()).collect();
-    let index_json = rank_file::index_json(&rows)?;
+    let index_json = rank_file::index_json(entries.iter().map(|e| &e.row))?;
     let file_name = rank_file::file_name(rank, world, index_json.as_bytes());
     Ok(RankCachePlan {
         rank,
@@ -607,11 +620,13 @@ fn fill_chunk(
                 | SourceRange::Strided { shard, .. }
                 | SourceRange::WidenF16 { shard, .. } => shard,
             };
-            copy_piece(e, files, p0, p1, dst, scratch).map_err(|source| RankCacheError::Io {
-                rank: plan.rank,
-                op: "read",
-                path: plan.checkpoint.shards[shard].path.clone(),
-                source,
+            copy_piece(e, files, p0, p1, dst, scratch).map_err(|source| {
+                RankCacheError::ReadSource {
+                    rank: plan.rank,
+                    key: e.row.key.clone(),
+                    path: plan.checkpoint.shards[shard].path.clone(),
+                    source,
+                }
             })?;
         }
         i += 1;

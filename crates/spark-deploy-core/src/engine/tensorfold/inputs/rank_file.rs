@@ -127,9 +127,11 @@ pub fn json_key(s: &str) -> Result<String, RankFileError> {
 ///
 /// # Errors
 /// A non-ASCII key or a dtype without a torch name.
-pub fn index_json(rows: &[IndexRow]) -> Result<String, RankFileError> {
+pub fn index_json<'a>(
+    rows: impl IntoIterator<Item = &'a IndexRow>,
+) -> Result<String, RankFileError> {
     let mut out = String::from("[");
-    for (i, r) in rows.iter().enumerate() {
+    for (i, r) in rows.into_iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
