@@ -344,3 +344,106 @@ fn parse_index(index: &[u8]) -> Result<Vec<Entry>, String> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, rank: u32, index: &str, data: &[u8], name_hash: Option<&str>) -> PathBuf {
+        let hash = hex::encode(Sha256::digest(index.as_bytes()));
+        let name = format!("rank{rank}of2-{}.bin", name_hash.unwrap_or(&hash[..20]));
+        let mut b = data.to_vec();
+        b.extend_from_slice(index.as_bytes());
+        b.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        b.extend_from_slice(MAGIC);
+        let p = dir.join(name);
+        std::fs::write(&p, b).unwrap();
+        p
+    }
+
+    fn problem(index: &str, data_len: usize) -> String {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), 0, index, &vec![0u8; data_len], None);
+        match RankFile::open(&p) {
+            Err(RankFileError::BadRankCache { problem, .. }) => problem,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_a_good_file_and_parses_exl3_keys() {
+        let d = tempfile::tempdir().unwrap();
+        let idx = r#"[["a|None", "bfloat16", [2, 2], 0, 8], ["w|(16, 32)|None|tr", "int16", [1, 1, 48], 8, 96]]"#;
+        let p = write(d.path(), 1, idx, &[7u8; 104], None);
+        assert_eq!(find(d.path(), 1, 2).unwrap(), p);
+        let rf = RankFile::open(&p).unwrap();
+        assert_eq!(rf.entries.len(), 2);
+        let k = rf.entries[1].exl3().unwrap();
+        assert_eq!(
+            (k.prefix.as_str(), k.cols, k.rows),
+            ("w", Some((16, 32)), None)
+        );
+        assert!(rf.entries[0].exl3().is_none());
+        assert_eq!(rf.read(&rf.entries[0]).unwrap(), vec![7u8; 8]);
+    }
+
+    #[test]
+    fn every_reader_rule_is_enforced() {
+        assert!(problem(r#"[["a", "int16", [2], 2, 4]]"#, 6).contains("previous row's end"));
+        assert!(problem(r#"[["a", "int16", [2], 0, 5]]"#, 5).contains("bytes but"));
+        assert!(problem(r#"[["a", "int8", [2], 0, 2]]"#, 2).contains("unknown dtype"));
+        assert!(problem(r#"[["a", "uint8", [1,1,1,1,1], 0, 1]]"#, 1).contains("dimensions"));
+        assert!(
+            problem(
+                r#"[["a", "uint8", [1], 0, 1], ["a", "uint8", [1], 1, 1]]"#,
+                2
+            )
+            .contains("duplicate")
+        );
+        assert!(problem(r#"[["a", "uint8", [4], 0, 4]]"#, 2).contains("past the data"));
+        assert!(problem(r#"{"a": 1}"#, 0).contains("not a JSON list"));
+        // footer offset past the index end
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), 0, "[]", &[], None);
+        let mut b = std::fs::read(&p).unwrap();
+        let n = b.len();
+        b[n - 16..n - 8].copy_from_slice(&1000u64.to_le_bytes());
+        std::fs::write(&p, b).unwrap();
+        assert!(matches!(
+            RankFile::open(&p),
+            Err(RankFileError::BadRankCache { .. })
+        ));
+        // a file shorter than the footer
+        std::fs::write(&p, b"TFDSRK01").unwrap();
+        assert!(matches!(
+            RankFile::open(&p),
+            Err(RankFileError::BadRankCache { .. })
+        ));
+    }
+
+    #[test]
+    fn discovery_sees_regular_files_only() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            find(d.path(), 0, 2),
+            Err(RankFileError::NoRankCache { .. })
+        ));
+        let p = write(d.path(), 0, "[]", &[], None);
+        let other = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(&p, other.path().join("rank0of2-x.bin")).unwrap();
+        assert!(matches!(
+            find(other.path(), 0, 2),
+            Err(RankFileError::NoRankCache { .. })
+        ));
+        write(d.path(), 0, "[ ]", &[], None);
+        assert!(matches!(
+            find(d.path(), 0, 2),
+            Err(RankFileError::SeveralRankCaches { .. })
+        ));
+        // rank 1 of 2 and rank 0 of 4 are other files
+        assert!(matches!(
+            find(d.path(), 1, 2),
+            Err(RankFileError::NoRankCache { .. })
+        ));
+    }
+}
