@@ -689,6 +689,64 @@ fn inputs_are_checked_like_the_engine() {
         assert_eq!(code, 1);
         assert!(err.contains(name) && err.contains(edit), "{err}");
     }
+    // Engram tables: a directory of symlinks to the shards is fine; without one shard a layer
+    // is missing
+    let shards: Vec<PathBuf> = std::fs::read_dir(&f.original)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    let links = dir.path().join("engram-links");
+    std::fs::create_dir_all(&links).unwrap();
+    for s in &shards {
+        std::os::unix::fs::symlink(s, links.join(s.file_name().unwrap())).unwrap();
+    }
+    let engram_run = |engram: &Path| {
+        let c = rank1_cmd(&f.cache1, &f.kit, free_port(), &["--pool", "4096"]);
+        let mut args: Vec<std::ffi::OsString> = c.get_args().map(ToOwned::to_owned).collect();
+        let at = args.iter().position(|a| a == "--engram").unwrap();
+        args[at + 1] = engram.as_os_str().to_owned();
+        let mut c = Command::new(f.engine.join("tf-dsv41-lanes"));
+        c.env_clear()
+            .env("TF_STANDIN_CONNECT_TIMEOUT_S", "1")
+            .args(args);
+        run_to_exit(c)
+    };
+    let (code, out, err) = engram_run(&links);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("loaded_s") && err.contains("ConnectFailed"),
+        "{out} {err}"
+    );
+    let half = dir.path().join("engram-half");
+    std::fs::create_dir_all(&half).unwrap();
+    let with_table = shards
+        .iter()
+        .find(|s| {
+            spark_deploy_testbed::standin::inputs::SafetensorsHeader::read(s)
+                .unwrap()
+                .tensors
+                .keys()
+                .any(|k| k.ends_with("engram.embed.weight"))
+        })
+        .unwrap();
+    std::os::unix::fs::symlink(with_table, half.join("only.safetensors")).unwrap();
+    let h = spark_deploy_testbed::standin::inputs::SafetensorsHeader::read(with_table).unwrap();
+    let layers = h
+        .tensors
+        .keys()
+        .filter(|k| k.ends_with("engram.embed.weight"))
+        .count();
+    assert_eq!(
+        layers, 1,
+        "the generator puts one Engram layer in each shard"
+    );
+    let (code, _, err) = engram_run(&half);
+    assert_eq!(code, 1);
+    assert!(err.contains("MissingEngramTable"), "{err}");
+    let (code, _, err) = engram_run(&dir.path().join("no-such-dir"));
+    assert_eq!(code, 1);
+    assert!(err.contains("NoEngramTables"), "{err}");
     // a token map one entry short
     let tm: Vec<i64> = serde_json::from_slice(&std::fs::read(&f.token_map).unwrap()).unwrap();
     let short = dir.path().join("short.json");
