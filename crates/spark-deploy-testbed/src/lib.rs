@@ -3,3 +3,4 @@
 pub mod checkpoint;
 pub mod cluster;
 pub mod hub_server;
+pub mod standin;

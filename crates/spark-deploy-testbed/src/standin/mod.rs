@@ -1,0 +1,486 @@
+//! The engine stand-in (TESTBED.md "The engine stand-in"; issue 3 item 4).
+//!
+//! One binary (`tf-standin`) installed under the engine's two names; [`run`] dispatches on the
+//! base name of `argv[0]`:
+//! - `tensorfold-native` (or `tensorfold`) → rank 0: `serve MODEL_DIR [flags]` + env
+//!   ([`args::parse_rank0`]), loads and checks its inputs, rendezvous (binds
+//!   `TF_TP_MASTER:TF_TP_PORT`, waits with no timeout), runs the split proof with rank 1, then
+//!   serves the HTTP API ([`server`]) until SIGTERM/SIGINT, on which it sends `done` and exits 0;
+//! - `tf-dsv41-lanes` → rank 1: `MODEL CACHE RANK WORLD MASTER PORT KIT [--key value ...]`
+//!   ([`args::parse_rank1`]), loads, prints its loaded line, connects (retrying every 250 ms for
+//!   `TF_STANDIN_CONNECT_TIMEOUT_S`, default 300 s), ships its split-proof partials and follows
+//!   rank 0 until `done` (exit 0, `{"rank": 1, "followed": true}`) or a link error (exit 1,
+//!   `{"rank": 1, "follow": "<Error>"}`).
+//!
+//! Stand-in-only environment: `TF_STANDIN_CONNECT_TIMEOUT_S` (rank 1's connect window) and
+//! `TF_STANDIN_PROOF` (`all`, or a comma list of tensor prefixes; default
+//! [`split::default_tensors`]). Pass both to both ranks.
+//!
+//! Library code does not print: the protocol lines go to the `out` writer the binary passes
+//! (stdout), errors to `err` (stderr).
+//!
+//! # Installing and launching (for the testbed's engine profile)
+//!
+//! - Build `tf-standin` (`cargo build -p spark-deploy-testbed --bin tf-standin`; find it with
+//!   [`locate_binary`]) and put it in an engine dir under both names with
+//!   [`install_engine_dir`] (`tensorfold-native`, `tf-dsv41-lanes`); mount that dir at `/engine`.
+//! - Image: `docker import` the tar of [`rootfs_tar`] (loader + the libraries `ldd` lists, `/tmp`)
+//!   or of [`rootfs_tar_with`]`(bin, SHELL_PROGRAMS)`, which adds `bash` and `tee` so the
+//!   profile's `bash -c "( CMD ) 2>&1 | tee /logs/NAME.log"` wrapper runs unchanged.
+//! - Command lines and env: exactly ENGINE-CONTRACT.md §2.9 (paths inside the containers).
+//!   Test-scale knobs: `TF_STANDIN_CONNECT_TIMEOUT_S` (rank 1), `TF_STANDIN_PROOF` (both).
+//!
+//! # Behaviour decisions where the contract is silent
+//!
+//! - Errors before serving/following: one stderr line `error.<Name>: <context>`, exit 1 (exit 2
+//!   for rank-0 usage errors and unserved flags). Names used beyond the contract's: `NoTpMaster`,
+//!   `BadIp`, `BadPort`, `BadEnvironment`, `BadConfig`, `UnsupportedModel`, `NoTokenizer`,
+//!   `BadTokenMap`, `NoRopeTables`, `RopeTableTooShort` (pool + 49 rows, §7), `BadEngramJson`,
+//!   `NoKernelImages` (no `aot.json`), `NoVisionBias`, `EngramRowsDiffer`, `BadRankCache`,
+//!   `MissingTensor`, `BadApiKeyFile`, `BindFailed`, `AddressInUse`.
+//! - `ConnectFailed` goes to stderr only (it happens before following); rank 1's
+//!   `{"rank": 1, "follow": …}` lines are for errors while following.
+//! - Rank 0 prints two stand-in lines on stdout: `{"rank": 0, "loaded_s", "pool", "rendezvous"}`
+//!   (SIGTERM is handled from then on) and `{"rank": 0, "serving", "split_proof"}`. HTTP opens
+//!   only after the rendezvous and the proof (the engine's order is open, §15.5).
+//! - Different RDMA device counts (`TF_RDMA_DEVICES` vs `--rdma`, empty = none) stop both
+//!   ranks with `error.BadInfo` right after the rendezvous (`rdma.zig connect`); the stand-in
+//!   also treats "RDMA on one rank only" as `BadInfo` (the engine would hang in the QP exchange).
+//! - `--pool` ≠ `--context` is only noticed as the engine notices it: a larger rank-0 pool makes
+//!   rank 1 fail with `FrameTooLong` (rank 0 then serves with a failed proof: every chat is 500);
+//!   a smaller one goes unnoticed. Drafts, kit, token map and Engram mismatches are not checked.
+//! - Not emulated: rank-0 gate mode of `tf-dsv41-lanes`, TP=4 (`NotPortedYet`), NCCL/RDMA,
+//!   `follow_refused`, `/v1/completions`, `/v1/responses`, `/v1/messages`, tokenize routes (404),
+//!   non-PNG images (400: the image has no python3/Pillow), the config shape guard (§5.6;
+//!   test-scale checkpoints must pass), kit `MANIFEST` verification (not done by the engine).
+
+pub mod args;
+pub mod inputs;
+pub mod link;
+pub mod rank_file;
+pub mod rootfs;
+pub mod server;
+pub mod split;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub use rootfs::{SHELL_PROGRAMS, rootfs_tar, rootfs_tar_with, write_rootfs_tar};
+
+use self::args::{ArgsError, Rank0Args, Rank1Args};
+use self::inputs::{Checkpoint, ModelConfig};
+use self::link::{LinkError, kind};
+use self::rank_file::RankFile;
+use self::split::{Partial, ProofReport};
+
+/// The names rank 0 answers to.
+pub const RANK0_NAMES: &[&str] = &["tensorfold-native", "tensorfold"];
+/// The name rank 1 answers to.
+pub const RANK1_NAME: &str = "tf-dsv41-lanes";
+/// Env: rank 1's connect window in seconds (default 300, the engine's).
+pub const CONNECT_TIMEOUT_ENV: &str = "TF_STANDIN_CONNECT_TIMEOUT_S";
+/// Env: which tensors the split proof covers.
+pub const PROOF_ENV: &str = "TF_STANDIN_PROOF";
+
+/// A failure that ends a rank before it serves or follows: the engine's error name and context.
+#[derive(Debug, thiserror::Error)]
+pub enum StandinError {
+    /// The command line or environment.
+    #[error(transparent)]
+    Args(#[from] ArgsError),
+    /// An input file.
+    #[error(transparent)]
+    Inputs(#[from] inputs::InputsError),
+    /// The rank file.
+    #[error(transparent)]
+    RankFile(#[from] rank_file::RankFileError),
+    /// The rank file lacks a tensor the proof needs.
+    #[error(transparent)]
+    Split(#[from] split::SplitError),
+    /// The link (bind, connect).
+    #[error("error.{}", .0.detail())]
+    Link(#[from] LinkError),
+    /// The HTTP listener.
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+    /// The async runtime.
+    #[error("error.Runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+impl StandinError {
+    /// The exit code.
+    #[must_use]
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Args(a) => a.exit_code(),
+            _ => 1,
+        }
+    }
+}
+
+/// Runs the stand-in as the rank `argv[0]` names. Returns the process exit code.
+pub fn run(
+    argv: &[String],
+    env: &HashMap<String, String>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let name = argv
+        .first()
+        .map(|a| {
+            Path::new(a)
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    let rest = argv.get(1..).unwrap_or(&[]);
+    let r = if RANK0_NAMES.contains(&name.as_str()) {
+        run_rank0(rest, env, out)
+    } else if name == RANK1_NAME {
+        run_rank1(rest, env, out)
+    } else {
+        let _ = writeln!(
+            err,
+            "tf-standin: install me as tensorfold-native (rank 0) or tf-dsv41-lanes (rank 1); argv[0] is {name:?}"
+        );
+        return 2;
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// Installs `binary` in `engine_dir` under both engine names (`tensorfold-native`,
+/// `tf-dsv41-lanes`): a hard link, or a copy when linking fails (another filesystem). Existing
+/// files of those names are replaced.
+///
+/// # Errors
+/// Creating the directory or copying fails.
+pub fn install_engine_dir(binary: &Path, engine_dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(engine_dir)?;
+    for name in [RANK0_NAMES[0], RANK1_NAME] {
+        let to = engine_dir.join(name);
+        if to.exists() {
+            std::fs::remove_file(&to)?;
+        }
+        if std::fs::hard_link(binary, &to).is_err() {
+            std::fs::copy(binary, &to)?;
+        }
+    }
+    Ok(())
+}
+
+/// Finds a built `tf-standin` next to the running executable (or one directory up, for test
+/// binaries in `target/<profile>/deps/`).
+#[must_use]
+pub fn locate_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [Some(dir), dir.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join("tf-standin"))
+        .find(|p| p.is_file())
+}
+
+fn secs(start: Instant) -> f64 {
+    (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+/// What both ranks load before they meet.
+struct Loaded {
+    cfg: ModelConfig,
+    rank_file: RankFile,
+    partials: Vec<Partial>,
+    tensors: Vec<String>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn load(
+    model_dir: &Path,
+    cache: &Path,
+    rank: u32,
+    world: u32,
+    kit: &Path,
+    kernels: &Path,
+    engram: &Path,
+    token_map: &Path,
+    pool: u64,
+    env: &HashMap<String, String>,
+) -> Result<Loaded, StandinError> {
+    let cfg = ModelConfig::read(model_dir)?;
+    let path = rank_file::find(cache, rank, world)?;
+    let rank_file = RankFile::open(&path)?;
+    let vocab = inputs::tokenizer_vocab_size(model_dir)?;
+    inputs::read_token_map(token_map, vocab, cfg.compressed_vocab)?;
+    inputs::check_kit(kit, kernels, &cfg, pool)?;
+    inputs::check_engram(engram, &cfg)?;
+    let tensors = split::tensors_from_env(
+        env.get(PROOF_ENV).map(String::as_str),
+        &cfg.engram_layers,
+        &rank_file,
+    );
+    let partials = split::rank_partials(&rank_file, rank, &tensors)?;
+    Ok(Loaded {
+        cfg,
+        rank_file,
+        partials,
+        tensors,
+    })
+}
+
+fn run_rank1(
+    argv: &[String],
+    env: &HashMap<String, String>,
+    out: &mut dyn Write,
+) -> Result<u8, StandinError> {
+    let start = Instant::now();
+    let a: Rank1Args = args::parse_rank1(argv)?;
+    args::check_kit_variants(env)?;
+    let engram = a.engram.clone().unwrap_or_default();
+    let token_map = a.token_map.clone().unwrap_or_default();
+    let kernels = env
+        .get("TENSORFOLD_CUDA_KERNELS")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| a.kit.join("aot"), std::path::PathBuf::from);
+    let l = load(
+        &a.model_dir,
+        &a.cache_dir,
+        a.rank,
+        a.world,
+        &a.kit,
+        &kernels,
+        &engram,
+        &token_map,
+        a.pool,
+        env,
+    )?;
+    let _ = writeln!(
+        out,
+        "{{\"rank\": {}, \"loaded_s\": {}, \"pool\": {}, \"drafts\": {}, \"arena_used\": {}}}",
+        a.rank,
+        secs(start),
+        a.pool,
+        u8::from(a.drafts),
+        l.rank_file.data_len
+    );
+    let _ = out.flush();
+    let timeout = env
+        .get(CONNECT_TIMEOUT_ENV)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(300);
+    let mut s = link::connect(a.master, a.port, Duration::from_secs(timeout))?;
+    let follow = |out: &mut dyn Write, e: &LinkError| {
+        let _ = writeln!(
+            out,
+            "{{\"rank\": {}, \"follow\": \"{}\"}}",
+            a.rank,
+            e.name()
+        );
+        let _ = out.flush();
+    };
+    let limit = link::rank1_limit(a.pool);
+    let partials = serde_json::to_vec(
+        &serde_json::json!({"partials": l.partials, "rdma_devices": a.rdma.len()}),
+    )
+    .unwrap_or_default();
+    let mut expected = 0u64;
+    loop {
+        let mut peer_rdma = None;
+        let r = link::read_frame(&mut s, limit).and_then(|f| {
+            let (k, step, fields) = link::split_payload(&f)?;
+            if k == kind::INIT && fields.len() >= 8 {
+                peer_rdma = Some(u32::from_le_bytes([
+                    fields[4], fields[5], fields[6], fields[7],
+                ]));
+            }
+            if step != expected {
+                return Err(LinkError::OutOfStep {
+                    expected,
+                    got: step,
+                });
+            }
+            if !kind::FOLLOWED.contains(&k) {
+                return Err(LinkError::BadFrame);
+            }
+            Ok((k, step))
+        });
+        match r {
+            Ok((kind::DONE, _)) => {
+                let _ = writeln!(out, "{{\"rank\": {}, \"followed\": true}}", a.rank);
+                let _ = out.flush();
+                return Ok(0);
+            }
+            Ok((kind::INIT, step)) => {
+                if let Err(e) =
+                    link::write_frame(&mut s, &link::payload(kind::PARTIALS, step, &partials))
+                {
+                    follow(out, &e);
+                    return Ok(1);
+                }
+                // the RDMA ring's QP exchange: both ranks refuse different device counts
+                let theirs = peer_rdma.unwrap_or(0) as usize;
+                if theirs != a.rdma.len() {
+                    return Err(LinkError::BadInfo {
+                        ours: a.rdma.len(),
+                        theirs,
+                    }
+                    .into());
+                }
+            }
+            Ok((_, step)) => {
+                if let Err(e) = link::write_frame(&mut s, &link::payload(kind::ACK, step, &[])) {
+                    follow(out, &e);
+                    return Ok(1);
+                }
+            }
+            Err(e) => {
+                follow(out, &e);
+                return Ok(1);
+            }
+        }
+        expected += 1;
+    }
+}
+
+fn run_rank0(
+    argv: &[String],
+    env: &HashMap<String, String>,
+    out: &mut dyn Write,
+) -> Result<u8, StandinError> {
+    let start = Instant::now();
+    let a: Rank0Args = args::parse_rank0(argv, env)?;
+    let mut keys: Vec<String> = a.api_key.iter().cloned().collect();
+    if let Some(f) = &a.api_key_file {
+        keys.extend(inputs::read_api_keys(f)?);
+    }
+    keys.extend(a.env.api_key.iter().cloned());
+    let l = load(
+        &a.model_dir,
+        &a.env.rank_cache,
+        0,
+        a.env.world,
+        &a.env.kit,
+        &a.env.kernels,
+        &a.env.engram,
+        &a.env.token_map,
+        a.context,
+        env,
+    )?;
+    let ckpt = Checkpoint::open(&a.model_dir)?;
+    let loaded_s = secs(start);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(StandinError::Runtime)?;
+    rt.block_on(rank0_async(a, keys, l, ckpt, loaded_s, out))
+}
+
+async fn rank0_async(
+    a: Rank0Args,
+    keys: Vec<String>,
+    l: Loaded,
+    ckpt: Checkpoint,
+    loaded_s: f64,
+    out: &mut dyn Write,
+) -> Result<u8, StandinError> {
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(StandinError::Runtime)?;
+    // printed once SIGTERM is handled, so a stop right after this line is a clean exit 0
+    let _ = writeln!(
+        out,
+        "{{\"rank\": 0, \"loaded_s\": {loaded_s}, \"pool\": {}, \"rendezvous\": \"{}:{}\"}}",
+        a.context, a.env.master, a.env.port
+    );
+    let _ = out.flush();
+    // the engine waits for rank 1 with no timeout; a stop while waiting ends the process cleanly
+    let mut s = tokio::select! {
+        r = link::accept_once(a.env.master, a.env.port) => r?,
+        _ = sigterm.recv() => return Ok(0),
+        _ = tokio::signal::ctrl_c() => return Ok(0),
+    };
+    // the first frame carries a payload sized by rank 0's pool
+    let pad = usize::try_from((a.context + 1) * 4).unwrap_or(usize::MAX);
+    let mut fields = vec![0u8; pad];
+    fields[..4].copy_from_slice(&(l.tensors.len() as u32).to_le_bytes());
+    fields[4..8].copy_from_slice(&(a.env.rdma_devices.len() as u32).to_le_bytes());
+    let exchanged = async {
+        link::write_frame_async(&mut s, &link::payload(kind::INIT, 0, &fields)).await?;
+        let f = link::read_frame_async(&mut s, 1 << 30).await?;
+        let (k, step, body) = link::split_payload(&f)?;
+        if k != kind::PARTIALS || step != 0 {
+            return Err(LinkError::BadFrame);
+        }
+        Ok(body.to_vec())
+    }
+    .await;
+    let (proof, stream) = match exchanged {
+        Ok(body) => {
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let theirs = v["rdma_devices"].as_u64().unwrap_or(0) as usize;
+            if theirs != a.env.rdma_devices.len() {
+                return Err(LinkError::BadInfo {
+                    ours: a.env.rdma_devices.len(),
+                    theirs,
+                }
+                .into());
+            }
+            let peer: Vec<Partial> =
+                serde_json::from_value(v["partials"].clone()).unwrap_or_default();
+            let mut all = l.partials.clone();
+            all.extend(peer);
+            let tensors = l.tensors.clone();
+            let world = a.env.world;
+            let proof =
+                tokio::task::spawn_blocking(move || split::prove(&ckpt, &tensors, &all, world))
+                    .await
+                    .unwrap_or_else(|e| ProofReport::failed(format!("the proof panicked: {e}")));
+            (proof, Some(s))
+        }
+        Err(e) => (
+            ProofReport::failed(format!("{} during the split proof exchange", e.detail())),
+            None,
+        ),
+    };
+    let mut ids = vec![a.name.clone()];
+    ids.extend(a.aliases.iter().cloned());
+    let cfg = server::ServerConfig {
+        served_ids: ids,
+        keys,
+        metrics_open: a.metrics_open,
+        pool: a.context,
+        max_tokens: a.max_tokens,
+        thinking: a.thinking,
+        vision: l.cfg.vision,
+        parallel: a.parallel.unwrap_or(1),
+        proof: proof.clone(),
+    };
+    let listener = server::bind(&a.host, a.port).await?;
+    let _ = writeln!(
+        out,
+        "{{\"rank\": 0, \"serving\": \"{}:{}\", \"split_proof\": {}}}",
+        a.host,
+        a.port,
+        proof.to_json()
+    );
+    let _ = out.flush();
+    let state = server::AppState::new(cfg, stream, 0);
+    let app = server::router(state.clone());
+    tokio::select! {
+        r = axum::serve(listener, app) => {
+            r.map_err(StandinError::Runtime)?;
+        }
+        _ = sigterm.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    state.send_done().await;
+    Ok(0)
+}
