@@ -8,7 +8,6 @@ pub(crate) const CONFIG: u8 = 3;
 #[allow(dead_code)]
 pub(crate) const PREFLIGHT: u8 = 4;
 /// A step failed while running.
-#[allow(dead_code)]
 pub(crate) const RUNTIME: u8 = 5;
 
 /// The exit-code table shown in `--help`.

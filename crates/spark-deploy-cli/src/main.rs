@@ -3,7 +3,6 @@
 //! Exit codes: 0 success, 2 usage, 3 configuration, 4 preflight, 5 runtime (see `exit.rs`).
 
 mod commands;
-mod events;
 mod exit;
 mod render;
 
@@ -41,6 +40,11 @@ enum Command {
     Config(commands::config::ConfigCommand),
     /// Print every step of the deployment with its actions per node; touches nothing.
     Plan,
+    /// Build, verify or preview per-rank weight files (TFDSRK01) without a GPU.
+    RankCache(commands::rank_cache::RankCacheArgs),
+    /// Two Sparks on one machine: bring the testbed up or down.
+    #[command(subcommand)]
+    Testbed(commands::testbed::TestbedCommand),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +67,9 @@ fn main() -> ExitCode {
         Command::Init(args) => commands::init::run(&global, &args),
         Command::Config(cmd) => commands::config::run(&global, &cmd),
         Command::Plan => commands::plan::run(&global),
+        Command::RankCache(args) => commands::rank_cache::run(args)
+            .map_err(|e| exit::Failure::new(exit::RUNTIME, e.as_ref(), None)),
+        Command::Testbed(cmd) => commands::testbed::run(&global, &cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,5 +2,6 @@
 #![recursion_limit = "256"]
 pub mod checkpoint;
 pub mod cluster;
+pub mod deployment;
 pub mod hub_server;
 pub mod standin;

@@ -3,6 +3,8 @@
 pub(crate) mod config;
 pub(crate) mod init;
 pub(crate) mod plan;
+pub(crate) mod rank_cache;
+pub(crate) mod testbed;
 
 use std::path::{Path, PathBuf};
 

@@ -359,13 +359,21 @@ impl DockerNode {
     ///
     /// [`DockerError::StopContainer`].
     pub async fn stop_container(&self, name: &str, grace_s: i32) -> Result<bool, DockerError> {
-        let opts = bollard::query_parameters::StopContainerOptionsBuilder::default().t(grace_s).build();
+        let opts = bollard::query_parameters::StopContainerOptionsBuilder::default()
+            .t(grace_s)
+            .build();
         match self.docker.stop_container(name, Some(opts)).await {
             Ok(()) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
-            Err(BollardError::DockerResponseServerError { status_code: 304, .. }) => Ok(true),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 304, ..
+            }) => Ok(true),
             Err(e) => Err(self
-                .classify(DockerError::StopContainer { node: self.node.clone(), name: name.to_owned(), source: Box::new(e) })
+                .classify(DockerError::StopContainer {
+                    node: self.node.clone(),
+                    name: name.to_owned(),
+                    source: Box::new(e),
+                })
                 .await),
         }
     }
@@ -376,7 +384,12 @@ impl DockerNode {
     /// # Errors
     ///
     /// [`DockerError::Logs`].
-    pub async fn logs(&self, name: &str, timestamps: bool, tail: Option<usize>) -> Result<Vec<u8>, DockerError> {
+    pub async fn logs(
+        &self,
+        name: &str,
+        timestamps: bool,
+        tail: Option<usize>,
+    ) -> Result<Vec<u8>, DockerError> {
         let tail = tail.map_or_else(|| "all".to_owned(), |n| n.to_string());
         let opts = bollard::query_parameters::LogsOptionsBuilder::default()
             .stdout(true)
@@ -391,7 +404,11 @@ impl DockerNode {
                 Ok(c) => out.extend_from_slice(&c.into_bytes()),
                 Err(e) => {
                     return Err(self
-                        .classify(DockerError::Logs { node: self.node.clone(), name: name.to_owned(), source: Box::new(e) })
+                        .classify(DockerError::Logs {
+                            node: self.node.clone(),
+                            name: name.to_owned(),
+                            source: Box::new(e),
+                        })
                         .await);
                 }
             }

@@ -1,0 +1,88 @@
+//! `spark-deploy testbed up|down`: two Sparks on one machine (see the testbed crate).
+
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use spark_deploy_testbed::cluster::{self, TestbedOptions};
+use spark_deploy_testbed::deployment::deployment_config;
+
+use super::Global;
+use crate::exit::{Failure, RUNTIME};
+use crate::render;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum TestbedCommand {
+    /// Build the networks, the worker container with sshd and its keys; write a deployment config.
+    Up {
+        /// Where to write the deployment config targeting the testbed (default: <state dir>/spark-deploy.toml).
+        #[arg(long, value_name = "FILE")]
+        write_config: Option<PathBuf>,
+    },
+    /// Remove every container, network, image and volume the testbed created, and its state.
+    Down,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(RUNTIME, &e, None))
+}
+
+pub(crate) fn run(global: &Global, cmd: &TestbedCommand) -> Result<(), Failure> {
+    let opts = TestbedOptions {
+        install_tools: true,
+        ..TestbedOptions::default()
+    };
+    let rt = runtime()?;
+    match cmd {
+        TestbedCommand::Up { write_config } => {
+            let info = rt.block_on(cluster::up(&opts)).map_err(|e| {
+                Failure::new(
+                    RUNTIME,
+                    &e,
+                    Some(
+                        "see the message; `spark-deploy testbed down` removes a half-built testbed"
+                            .into(),
+                    ),
+                )
+            })?;
+            let config = deployment_config(&info);
+            let text = format!(
+                "# Deployment config for the spark-deploy testbed (written by `spark-deploy testbed up`).\n{}",
+                toml::to_string_pretty(&config).map_err(|e| Failure::new(RUNTIME, &e, None))?
+            );
+            let path = write_config
+                .clone()
+                .unwrap_or_else(|| info.state_dir.join("spark-deploy.toml"));
+            std::fs::write(&path, text).map_err(|e| Failure::new(RUNTIME, &e, None))?;
+            if global.json {
+                render::out(&serde_json::json!({ "testbed": info, "config": path }).to_string());
+            } else {
+                let w = info.worker();
+                render::out(&format!(
+                    "testbed up in {:.1} s: worker {} at {} (fabric {}), ssh {}\nconfig: {}\nnext: spark-deploy --config {} plan",
+                    info.up_millis as f64 / 1000.0,
+                    w.name,
+                    w.container,
+                    w.fabric_addr,
+                    w.ssh_destination,
+                    path.display(),
+                    path.display()
+                ));
+            }
+            Ok(())
+        }
+        TestbedCommand::Down => {
+            let report = rt
+                .block_on(cluster::down(&opts))
+                .map_err(|e| Failure::new(RUNTIME, &e, None))?;
+            if global.json {
+                render::out(&serde_json::json!({ "down": format!("{report:?}") }).to_string());
+            } else {
+                render::out(&format!("testbed down: {report:?}"));
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! The deployment config that targets a running testbed, so the ordinary `spark-deploy`
+//! commands (`plan`, `up`, `down`) run against it.
+
+use spark_deploy_core::config::{DeploymentConfig, NodeConfig, WorkerStorage};
+
+use crate::cluster::TestbedInfo;
+
+/// A config for `info`: the head is this machine (fabric = the bridge gateway), every worker is
+/// reached over the management network with the testbed's key and known_hosts, ranks of workers
+/// share the worker container's network namespace, and worker storage is `copy` (this kernel has
+/// no NFS). The test-scale pool keeps the stand-in's memory small.
+#[must_use]
+pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
+    let mut c = DeploymentConfig::default();
+    c.deployment.name = "sd-testbed".into();
+    c.deployment.testbed = true;
+    c.deployment.worker_storage = WorkerStorage::Copy;
+    let head_dir = info.state_dir.join("head");
+    c.deployment.state_dir = head_dir.join("state").display().to_string();
+    c.hub.cache = head_dir.join("hf").display().to_string();
+    c.hub.ablit_cache = head_dir.join("hf-ablit").display().to_string();
+    c.serving.context = 16_384;
+    c.serving.max_tokens = 1024;
+    c.lifecycle.min_avail_gib = 1;
+    c.lifecycle.ready_timeout_s = 120;
+    c.lifecycle.stop_timeout_s = 5;
+    let mut head = NodeConfig::head();
+    head.fabric_addr = Some(info.head_fabric_addr);
+    head.data_dir = head_dir.join("data").display().to_string();
+    let mut nodes = vec![head];
+    for w in &info.workers {
+        let mut n = NodeConfig::worker(&w.name, &w.ssh_destination);
+        n.ssh_port = w.ssh_port;
+        n.identity_file = w.identity_file.display().to_string();
+        n.known_hosts = w.known_hosts.display().to_string();
+        n.fabric_addr = Some(w.fabric_addr);
+        n.network_mode.clone_from(&w.network_mode);
+        n.hf_cache = w.disk_dir.join("hf").display().to_string();
+        n.data_dir = w.disk_dir.join("data").display().to_string();
+        nodes.push(n);
+    }
+    c.nodes = nodes;
+    c
+}
