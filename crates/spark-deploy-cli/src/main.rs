@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 2 usage, 3 configuration, 4 preflight, 5 runtime (see `exit.rs`).
 
 mod commands;
+mod events;
 mod exit;
 mod render;
 
@@ -40,6 +41,14 @@ enum Command {
     Config(commands::config::ConfigCommand),
     /// Print every step of the deployment with its actions per node; touches nothing.
     Plan,
+    /// Run the whole deployment: preflight, fetch, rank inputs, worker storage, image, launch, smoke.
+    Up,
+    /// Stop every rank (rank 0 first), saving logs.
+    Down,
+    /// Check every node; changes nothing.
+    Preflight,
+    /// Download the checkpoint, Engram shards and kit (pinned, resumable, verified).
+    Fetch,
     /// Build, verify or preview per-rank weight files (TFDSRK01) without a GPU.
     RankCache(commands::rank_cache::RankCacheArgs),
     /// Two Sparks on one machine: bring the testbed up or down.
@@ -67,6 +76,16 @@ fn main() -> ExitCode {
         Command::Init(args) => commands::init::run(&global, &args),
         Command::Config(cmd) => commands::config::run(&global, &cmd),
         Command::Plan => commands::plan::run(&global),
+        Command::Up => commands::run::run(&global, commands::run::Which::Up),
+        Command::Down => commands::run::run(&global, commands::run::Which::Down),
+        Command::Preflight => commands::run::run(
+            &global,
+            commands::run::Which::Only(&[spark_deploy_core::plan::StepKind::Preflight]),
+        ),
+        Command::Fetch => commands::run::run(
+            &global,
+            commands::run::Which::Only(&[spark_deploy_core::plan::StepKind::FetchCheckpoint]),
+        ),
         Command::RankCache(args) => commands::rank_cache::run(args)
             .map_err(|e| exit::Failure::new(exit::RUNTIME, e.as_ref(), None)),
         Command::Testbed(cmd) => commands::testbed::run(&global, &cmd),

@@ -55,6 +55,9 @@ pub struct DeploymentFacts {
     pub model_commit: String,
     /// One entry per node, in config order.
     pub nodes: Vec<NodeFacts>,
+    /// Commit of every fetched repository (`owner/name` → commit), recorded by FetchCheckpoint.
+    #[serde(skip)]
+    pub commits: std::collections::BTreeMap<String, String>,
 }
 
 impl DeploymentFacts {
@@ -71,6 +74,7 @@ impl DeploymentFacts {
         Self {
             model_commit,
             nodes: c.nodes.iter().map(NodeFacts::placeholders).collect(),
+            commits: std::collections::BTreeMap::new(),
         }
     }
 }

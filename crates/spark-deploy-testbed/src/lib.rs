@@ -3,5 +3,6 @@
 pub mod checkpoint;
 pub mod cluster;
 pub mod deployment;
+pub mod engine;
 pub mod hub_server;
 pub mod standin;

@@ -4,6 +4,7 @@ pub(crate) mod config;
 pub(crate) mod init;
 pub(crate) mod plan;
 pub(crate) mod rank_cache;
+pub(crate) mod run;
 pub(crate) mod testbed;
 
 use std::path::{Path, PathBuf};

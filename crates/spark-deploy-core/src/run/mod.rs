@@ -3,9 +3,10 @@
 //! # Guarantees
 //!
 //! - Steps run in plan order; the first failure stops the run.
-//! - Both ranks or neither: when anything fails after a rank container was started (a later
-//!   launch, readiness, smoke), every rank the run started is stopped and its log saved before the
-//!   error is returned.
+//! - Both ranks or neither: when LaunchRank or Smoke fails (a rank exits, readiness times out,
+//!   the generation is wrong), every rank container of the deployment is stopped, rank 0 first,
+//!   and its log saved before the error is returned; after any other failure, the ranks this run
+//!   started are stopped.
 //! - Cancellation ([`Context::cancel`]) is honoured at every step boundary and inside long steps;
 //!   it counts as a failure for the guarantee above.
 
@@ -191,7 +192,11 @@ impl Plan {
                         duration_ms: millis(t),
                         bytes: None,
                     });
-                    crate::steps::stop_started_ranks(ctx).await;
+                    if matches!(kind, StepKind::LaunchRank | StepKind::Smoke) {
+                        crate::steps::stop_deployment(ctx).await;
+                    } else {
+                        crate::steps::stop_started_ranks(ctx).await;
+                    }
                     return Err(RunError { report, failure });
                 }
             }

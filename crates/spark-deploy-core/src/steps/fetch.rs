@@ -1,7 +1,14 @@
 use serde::Serialize;
 
+use std::path::PathBuf;
+use std::sync::Mutex;
+
 use crate::config::ValidatedConfig;
+use crate::event::{Event, Level};
+use crate::hub::{FetchEvent, FetchProgress, HfToken, Hub, HubConfig};
+use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail};
+use crate::run::{Context, Outcome, StepFailure};
 
 /// One repository to fetch at a pinned revision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -12,8 +19,10 @@ pub struct RepoFetch {
     pub repo: String,
     /// Pinned revision.
     pub revision: String,
-    /// File names or patterns resolved against the Hub's file list.
+    /// File names or patterns resolved against the Hub's file list (as shown by `plan`).
     pub files: Vec<String>,
+    /// The globs actually fetched.
+    pub patterns: Vec<String>,
     /// Cache root.
     pub cache: String,
     /// Needs a token.
@@ -51,6 +60,16 @@ impl FetchCheckpoint {
                 ]
                 .map(str::to_owned)
                 .to_vec(),
+                patterns: [
+                    "config.json",
+                    "generation_config.json",
+                    "tokenizer.json",
+                    "tokenizer_config.json",
+                    "model.safetensors.index.json",
+                    "*.safetensors",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
                 cache: c.hub.cache.clone(),
                 gated: false,
             },
@@ -69,6 +88,13 @@ impl FetchCheckpoint {
                         .to_owned(),
                 ])
                 .collect(),
+                patterns: [
+                    "config.json".to_owned(),
+                    "model.safetensors.index.json".to_owned(),
+                ]
+                .into_iter()
+                .chain(m.engram_files.iter().cloned())
+                .collect(),
                 cache: c.hub.cache.clone(),
                 gated: false,
             },
@@ -77,6 +103,7 @@ impl FetchCheckpoint {
                 repo: m.kit_repo.clone(),
                 revision: m.kit_revision.clone(),
                 files: vec!["kit/** (verified against kit/MANIFEST)".into()],
+                patterns: vec!["kit/**".into()],
                 cache: c.hub.cache.clone(),
                 gated: false,
             },
@@ -87,6 +114,7 @@ impl FetchCheckpoint {
                 repo: m.ablit_id.clone(),
                 revision: m.ablit_revision.clone(),
                 files: vec!["*.safetensors".into(), "*.json".into()],
+                patterns: vec!["*.safetensors".into(), "*.json".into()],
                 cache: c.hub.ablit_cache.clone(),
                 gated: true,
             });
@@ -122,17 +150,133 @@ impl FetchCheckpoint {
     }
 }
 
+/// The hub cache directory (`<HF_HOME>/hub`) of a cache root as the config names it.
+#[must_use]
+pub fn hub_dir(cache_root: &str) -> PathBuf {
+    PathBuf::from(cache_root).join("hub")
+}
+
+/// The snapshot directory of `repo` at `commit` under a cache root.
+#[must_use]
+pub fn snapshot_dir(cache_root: &str, repo: &str, commit: &str) -> PathBuf {
+    hub_dir(cache_root)
+        .join(crate::layout::repo_folder(repo))
+        .join("snapshots")
+        .join(commit)
+}
+
+/// Turns the Hub port's progress into events (throttled per file).
+struct ProgressEvents<'a> {
+    ctx: &'a Context,
+    node: String,
+    last: Mutex<std::time::Instant>,
+}
+
+impl FetchProgress for ProgressEvents<'_> {
+    fn on_event(&self, event: &FetchEvent) {
+        match event {
+            FetchEvent::Progress {
+                file,
+                done,
+                total,
+                rate_bps,
+                eta,
+                file_done,
+                file_total,
+            } => {
+                let mut last = self
+                    .last
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if last.elapsed() < std::time::Duration::from_millis(200) && file_done < file_total
+                {
+                    return;
+                }
+                *last = std::time::Instant::now();
+                self.ctx.emit(Event::Progress {
+                    step: StepKind::FetchCheckpoint,
+                    node: Some(self.node.clone()),
+                    label: file.clone(),
+                    bytes_done: *done,
+                    bytes_total: Some(*total),
+                    rate_bps: Some(*rate_bps),
+                    eta_s: eta.map(|d| d.as_secs_f64()),
+                });
+            }
+            FetchEvent::Retrying { .. } => self.ctx.log(
+                StepKind::FetchCheckpoint,
+                Some(&self.node),
+                Level::Warn,
+                format!("{event:?}"),
+            ),
+            _ => {}
+        }
+    }
+}
+
 impl FetchCheckpoint {
-    /// Runs the step.
-    pub(crate) async fn run(
-        &self,
-        ctx: &crate::run::Context,
-    ) -> Result<crate::run::Outcome, crate::run::StepFailure> {
-        let _ = ctx;
-        Err(crate::run::StepFailure::new(
-            crate::plan::StepKind::FetchCheckpoint,
-            "this step's runner is being integrated",
-            None,
-        ))
+    /// Fetches every repository at its pinned revision; records the checkpoint's commit.
+    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        let c = ctx.config().config();
+        let token = c
+            .hub
+            .token
+            .as_ref()
+            .map(|t| HfToken::new(t.expose()))
+            .or_else(|| HfToken::from_file(std::path::Path::new(&c.hub.token_file)));
+        let endpoint = (!c.hub.endpoint.is_empty()).then(|| c.hub.endpoint.clone());
+        let progress = ProgressEvents {
+            ctx,
+            node: self.node.clone(),
+            last: Mutex::new(std::time::Instant::now()),
+        };
+        let mut transferred = 0;
+        let mut summaries = Vec::new();
+        for r in &self.repos {
+            let mut cfg = HubConfig::new(endpoint.clone(), hub_dir(&r.cache));
+            cfg.token.clone_from(&token);
+            let fail = |e: Box<dyn std::error::Error + Send + Sync>| {
+                StepFailure::new(
+                    StepKind::FetchCheckpoint,
+                    e,
+                    Some(format!(
+                        "{} at {}: check the endpoint, the revision and (gated repos) HF_TOKEN",
+                        r.repo, r.revision
+                    )),
+                )
+            };
+            let hub = Hub::new(cfg).map_err(|e| fail(Box::new(e)))?;
+            let report = hub
+                .fetch_repo(&r.repo, &r.revision, &r.patterns, &progress)
+                .await
+                .map_err(|e| fail(Box::new(e)))?;
+            let (repo, commit, is_model) = (
+                r.repo.clone(),
+                report.repo.commit.clone(),
+                r.repo == c.model.id,
+            );
+            ctx.update_facts(|f| {
+                if is_model {
+                    f.model_commit.clone_from(&commit);
+                }
+                f.commits.insert(repo, commit);
+            });
+            ctx.log(
+                StepKind::FetchCheckpoint,
+                Some(&self.node),
+                Level::Info,
+                format!("{}@{}: {}", r.repo, report.repo.commit, report.summary()),
+            );
+            transferred += report.transferred;
+            summaries.push(report.summary());
+        }
+        if transferred == 0 {
+            return Ok(Outcome::Skipped {
+                reason: format!("nothing to download: {}", summaries.join("; ")),
+            });
+        }
+        Ok(Outcome::Done {
+            bytes: Some(transferred),
+        })
     }
 }

@@ -11,7 +11,7 @@ mod smoke;
 mod stop;
 mod storage;
 
-pub use fetch::{FetchCheckpoint, RepoFetch};
+pub use fetch::{FetchCheckpoint, RepoFetch, hub_dir, snapshot_dir};
 pub use image::BuildImage;
 pub use launch::{LaunchError, LaunchRank};
 pub use preflight::{Preflight, PreflightFailed};
@@ -21,4 +21,4 @@ pub use smoke::{Smoke, SmokeError};
 pub use stop::Stop;
 pub use storage::{ConfigureWorkerStorage, WorkerPlan};
 
-pub(crate) use ranks::stop_started as stop_started_ranks;
+pub(crate) use ranks::{stop_deployment, stop_started as stop_started_ranks};

@@ -205,3 +205,44 @@ pub(crate) async fn stop_started(ctx: &Context) {
         }
     }
 }
+
+/// Stops every rank container of the deployment (rank 0 first), whoever started them, saving
+/// logs: the pair is never left half-running after a launch or readiness failure.
+pub(crate) async fn stop_deployment(ctx: &Context) {
+    let c = ctx.config().config();
+    let _ = ctx.take_started();
+    for (node, n) in c.nodes.iter().enumerate() {
+        let container = crate::engine::tensorfold::launch::container_name(
+            &c.deployment.name,
+            u32::try_from(node).unwrap_or(u32::MAX),
+        );
+        let log_dir = crate::layout::NodeLayout::of(ctx.config(), n).log_dir;
+        match stop_and_save(
+            ctx,
+            node,
+            &container,
+            &log_dir,
+            c.lifecycle.log_keep.max(1),
+            c.lifecycle.stop_timeout_s,
+        )
+        .await
+        {
+            Ok(Stopped::Removed(path)) => ctx.log(
+                StepKind::Stop,
+                Some(&n.name),
+                Level::Warn,
+                format!(
+                    "stopped {container} (both ranks or neither); log saved to {}",
+                    path.unwrap_or_else(|| "<not saved>".into())
+                ),
+            ),
+            Ok(Stopped::Absent) => {}
+            Err(e) => ctx.log(
+                StepKind::Stop,
+                Some(&n.name),
+                Level::Error,
+                format!("could not stop {container}: {e}"),
+            ),
+        }
+    }
+}

@@ -2,11 +2,19 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
 use crate::config::{ValidatedConfig, WorkerStorage};
 use crate::engine::tensorfold::TOKEN_MAP_FILE;
+use crate::event::{Event, Level};
 use crate::facts::DeploymentFacts;
 use crate::layout::{NodeLayout, repo_folder};
+use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail, Transfer};
+use crate::ports::exec::Cmd;
+use crate::run::{Context, Outcome, StepFailure};
+use crate::transfer::{FileJob, expand, pull, server::FileServer};
 
 /// What one worker receives.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -70,7 +78,6 @@ impl ConfigureWorkerStorage {
                         from: format!("{}/{TOKEN_MAP_FILE}", head.inputs_dir),
                         to: format!("{}/{TOKEN_MAP_FILE}", w.inputs_dir),
                     },
-                    Transfer { what: "engine binaries".into(), from: head.engine_dir.clone(), to: w.engine_dir.clone() },
                 ]);
                 let nfs_volume = (c.deployment.worker_storage == WorkerStorage::Nfs).then(|| {
                     let server = if c.storage.head_nfs_server.is_empty() { facts.nodes[0].fabric_addr.clone() } else { c.storage.head_nfs_server.clone() };
@@ -124,17 +131,155 @@ impl ConfigureWorkerStorage {
     }
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Ships `jobs` to worker `index` over the fabric (head file server bound to the head's fabric
+/// address, worker pulls); used by ConfigureWorkerStorage and BuildImage.
+pub(crate) async fn ship(
+    ctx: &Context,
+    step: StepKind,
+    index: usize,
+    jobs: &[FileJob],
+) -> Result<pull::TransferStats, BoxError> {
+    let c = ctx.config().config();
+    let facts = ctx.facts();
+    let head_addr: IpAddr = facts.nodes[0].fabric_addr.parse().map_err(|_| {
+        format!(
+            "the head's fabric address is unknown ({}): run Preflight first",
+            facts.nodes[0].fabric_addr
+        )
+    })?;
+    let server = FileServer::start(SocketAddr::new(head_addr, 0)).await?;
+    let exec = ctx.exec(index).await?;
+    let node = c.nodes[index].name.clone();
+    let manifest = PathBuf::from(&c.nodes[index].data_dir).join(".spark-deploy-received.tsv");
+    let hashes = PathBuf::from(&c.deployment.state_dir).join("transfer-hashes.tsv");
+    let progress = |done: u64, total: u64, file: &str| {
+        ctx.emit(Event::Progress {
+            step,
+            node: Some(node.clone()),
+            label: file.rsplit('/').next().unwrap_or(file).to_owned(),
+            bytes_done: done,
+            bytes_total: Some(total),
+            rate_bps: None,
+            eta_s: None,
+        });
+    };
+    Ok(pull::transfer(exec, &server, jobs, &manifest, &hashes, 4, &progress).await?)
+}
+
+/// Moves other `rank{R}of{W}-*.bin` files of the worker's rank-cache directory aside, so the
+/// engine's one-file rule holds after a rebuild.
+async fn move_aside_stale(
+    ctx: &Context,
+    index: usize,
+    dir: &str,
+    prefix: &str,
+    keep: &str,
+) -> Result<(), BoxError> {
+    let script = r#"cd "$1" 2>/dev/null || exit 0; for f in "$2"*.bin; do [ -f "$f" ] && [ "$f" != "$3" ] && mkdir -p superseded && mv -f -- "$f" superseded/; done; true"#;
+    ctx.exec(index)
+        .await?
+        .run(&Cmd::shell(script).args(["sh", dir, prefix, keep]))
+        .await?;
+    Ok(())
+}
+
 impl ConfigureWorkerStorage {
-    /// Runs the step.
-    pub(crate) async fn run(
-        &self,
-        ctx: &crate::run::Context,
-    ) -> Result<crate::run::Outcome, crate::run::StepFailure> {
-        let _ = ctx;
-        Err(crate::run::StepFailure::new(
-            crate::plan::StepKind::ConfigureWorkerStorage,
-            "this step's runner is being integrated",
-            None,
-        ))
+    /// Copies the planned files to every worker (and, in `nfs` mode, creates the NFS volume).
+    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        let fail = |e: BoxError| {
+            StepFailure::new(
+                StepKind::ConfigureWorkerStorage,
+                e,
+                Some("see the message; a re-run resumes partial files".into()),
+            )
+        };
+        let c = ctx.config().config();
+        let facts = ctx.facts();
+        let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
+        let world = c.nodes.len();
+        let mut bytes = 0;
+        let mut summary = Vec::new();
+        for w in &self.workers {
+            let i = w.rank as usize;
+            let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+            if let Some((name, _)) = &w.nfs_volume {
+                return Err(fail(format!("nfs mode: creating volume {name} on {} is not available in this build; set deployment.worker_storage = \"copy\"", w.node).into()));
+            }
+            let mut jobs = Vec::new();
+            if self.mode == WorkerStorage::Copy {
+                let snap =
+                    super::fetch::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
+                let to = super::fetch::snapshot_dir(&wl.hf_cache, &c.model.id, &facts.model_commit);
+                jobs.extend(expand(&snap, &to).map_err(|e| fail(Box::new(e)))?);
+            }
+            jobs.extend(
+                expand(Path::new(&head.engram_dir), Path::new(&wl.engram_dir))
+                    .map_err(|e| fail(Box::new(e)))?,
+            );
+            jobs.extend(
+                expand(Path::new(&head.kit_dir), Path::new(&wl.kit_dir))
+                    .map_err(|e| fail(Box::new(e)))?,
+            );
+            let tm = crate::engine::tensorfold::TOKEN_MAP_FILE;
+            jobs.extend(
+                expand(
+                    &Path::new(&head.inputs_dir).join(tm),
+                    &Path::new(&wl.inputs_dir).join(tm),
+                )
+                .map_err(|e| fail(Box::new(e)))?,
+            );
+            let prefix = format!("rank{i}of{world}-");
+            let rank_dir = Path::new(&head.inputs_dir).join("rank-cache");
+            let rank_file = std::fs::read_dir(&rank_dir)
+                .map_err(|e| fail(Box::new(e)))?
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|n| n.starts_with(&prefix) && n.ends_with(".bin"))
+                .ok_or_else(|| {
+                    fail(
+                        format!(
+                            "no {prefix}*.bin in {}: run BuildRankCache first",
+                            rank_dir.display()
+                        )
+                        .into(),
+                    )
+                })?;
+            let worker_rank_dir = format!("{}/rank-cache", wl.inputs_dir);
+            move_aside_stale(ctx, i, &worker_rank_dir, &prefix, &rank_file)
+                .await
+                .map_err(fail)?;
+            jobs.extend(
+                expand(
+                    &rank_dir.join(&rank_file),
+                    &Path::new(&worker_rank_dir).join(&rank_file),
+                )
+                .map_err(|e| fail(Box::new(e)))?,
+            );
+            let stats = ship(ctx, StepKind::ConfigureWorkerStorage, i, &jobs)
+                .await
+                .map_err(fail)?;
+            ctx.log(
+                StepKind::ConfigureWorkerStorage,
+                Some(&w.node),
+                Level::Info,
+                format!(
+                    "{} files: {} sent ({} bytes) over the fabric, the rest present and verified",
+                    stats.files, stats.sent, stats.bytes_sent
+                ),
+            );
+            summary.push(format!(
+                "{}: all {} files present and verified",
+                w.node, stats.files
+            ));
+            bytes += stats.bytes_sent;
+        }
+        if bytes == 0 {
+            return Ok(Outcome::Skipped {
+                reason: summary.join("; "),
+            });
+        }
+        Ok(Outcome::Done { bytes: Some(bytes) })
     }
 }

@@ -22,6 +22,8 @@ pub struct FileJob {
     pub to: PathBuf,
     /// Size in bytes.
     pub size: u64,
+    /// Permission bits to apply on arrival (engine binaries stay executable).
+    pub mode: u32,
 }
 
 /// Errors of planning a transfer on the head.
@@ -75,6 +77,7 @@ pub fn expand(from: &Path, to: &Path) -> Result<Vec<FileJob>, TransferError> {
             from: std::fs::canonicalize(from).map_err(err(from))?,
             to: to.to_owned(),
             size: meta.len(),
+            mode: std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
         }]);
     }
     let mut out = Vec::new();

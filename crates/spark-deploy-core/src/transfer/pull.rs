@@ -15,7 +15,7 @@ use crate::ports::exec::{Cmd, Exec};
 /// `.partial`, checks size and sha256, renames, and prints the final mtime.
 const PULL: &str = r#"set -u
 IFS= read -r token
-url="$1"; dest="$2"; size="$3"; sha="$4"; part="$dest.partial"
+url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; part="$dest.partial"
 mkdir -p -- "$(dirname -- "$dest")" || exit 10
 have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
 if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
@@ -27,7 +27,7 @@ got=$(stat -c %s -- "$part")
 [ "$got" = "$size" ] || { echo "size $got, expected $size" >&2; exit 12; }
 sum=$(sha256sum -- "$part" | cut -d' ' -f1)
 [ "$sum" = "$sha" ] || { rm -f -- "$part"; echo "sha256 $sum, expected $sha (partial removed)" >&2; exit 13; }
-mv -f -- "$part" "$dest" && stat -c %.9Y -- "$dest""#;
+chmod "$mode" -- "$part" && mv -f -- "$part" "$dest" && stat -c %.9Y -- "$dest""#;
 
 /// Prints `<size> <mtime> <path>` for every existing argument.
 const STAT: &str =
@@ -202,6 +202,7 @@ pub async fn transfer(
                 j.to.display().to_string(),
                 j.size.to_string(),
                 sha.clone(),
+                format!("{:o}", j.mode),
             ])
             .stdin(token_line.clone().into_bytes());
         async move { (j, sha, exec.output(&cmd).await) }

@@ -1,0 +1,80 @@
+//! Commands that run steps: `up`, `down`, `preflight`, `fetch`, `rank-inputs`.
+
+use std::sync::Arc;
+
+use spark_deploy_core::plan::{Plan, Step, StepKind};
+use spark_deploy_core::run::{Context, RunError};
+
+use super::Global;
+use crate::events::TerminalSink;
+use crate::exit::{Failure, PREFLIGHT, RUNTIME};
+use crate::render;
+
+/// Which steps a command runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Which {
+    /// The standard plan.
+    Up,
+    /// Teardown.
+    Down,
+    /// Only these steps of the standard plan.
+    Only(&'static [StepKind]),
+}
+
+fn failure(e: &RunError) -> Failure {
+    let code = if e.failure.step == StepKind::Preflight {
+        PREFLIGHT
+    } else {
+        RUNTIME
+    };
+    Failure {
+        code,
+        message: e.failure.to_string() + ": " + &e.failure.chain(),
+        remedy: e.failure.remedy.clone(),
+    }
+}
+
+pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
+    let config = global.load()?;
+    render::warnings(config.warnings());
+    let plan = match which {
+        Which::Up => Plan::standard(&config),
+        Which::Down => Plan::teardown(&config),
+        Which::Only(kinds) => {
+            let steps: Vec<Step> = Plan::standard(&config)
+                .steps()
+                .iter()
+                .filter(|s| kinds.contains(&s.kind()))
+                .cloned()
+                .collect();
+            Plan::from_steps(&config, steps)
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(RUNTIME, &e, None))?;
+    let ctx = Arc::new(Context::new(
+        config,
+        Arc::new(TerminalSink::new(global.json)),
+    ));
+    let result = rt.block_on(async {
+        let c2 = Arc::clone(&ctx);
+        // Ctrl-C cancels at the next cancellation point; a launched pair is stopped by the runner.
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                c2.cancel();
+            }
+        });
+        plan.run(&ctx).await
+    });
+    match result {
+        Ok(report) => {
+            if global.json {
+                render::out(&serde_json::json!({ "report": report }).to_string());
+            }
+            Ok(())
+        }
+        Err(e) => Err(failure(&e)),
+    }
+}

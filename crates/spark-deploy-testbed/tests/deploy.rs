@@ -1,0 +1,215 @@
+//! The whole deployment on the testbed: `Plan::standard` run for real — preflight over SSH,
+//! fetch from the HF-compatible hub, rank files built natively, the worker's inputs pulled over
+//! the fabric, both stand-in ranks launched through the Docker ports (rank 1 through the worker's
+//! SSH), smoke, a chat completion with the split proof, teardown with saved logs, an up-to-date
+//! re-run that skips, and both-ranks-or-neither when rank 1 dies.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use spark_deploy_core::config::validate;
+use spark_deploy_core::event::{Event, Recorder};
+use spark_deploy_core::plan::{Plan, StepKind};
+use spark_deploy_core::run::Context;
+use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
+use spark_deploy_testbed::cluster::{self, TestbedOptions};
+use spark_deploy_testbed::hub_server::{HubOptions, HubServer};
+
+type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const MODEL: &str = "testbed/dsv41-exl3";
+const ORIGINAL: &str = "testbed/dsv41-original";
+const KIT: &str = "testbed/dsv41-kit";
+
+fn options() -> TestbedOptions {
+    TestbedOptions {
+        install_tools: true,
+        ..TestbedOptions::default()
+    }
+}
+
+/// The generated checkpoint arranged as three hub repos.
+fn hub_tree(root: &Path) -> R<()> {
+    let scratch = root.join(".gen");
+    let g = generate(&CheckpointSpec::small(5), &scratch)?;
+    for (dir, repo) in [(&g.model_dir, MODEL), (&g.original_dir, ORIGINAL)] {
+        let to = root.join(repo);
+        std::fs::create_dir_all(to.parent().unwrap())?;
+        std::fs::rename(dir, &to)?;
+    }
+    std::fs::create_dir_all(root.join(KIT))?;
+    std::fs::rename(&g.kit_dir, root.join(KIT).join("kit"))?;
+    std::fs::remove_dir_all(&scratch)?;
+    Ok(())
+}
+
+fn steps(events: &[Event]) -> Vec<(StepKind, &'static str)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Finished { step, .. } => Some((*step, "ran")),
+            Event::Skipped { step, .. } => Some((*step, "skipped")),
+            Event::Failed { step, .. } => Some((*step, "failed")),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn chat(key: &str) -> R<serde_json::Value> {
+    let r = reqwest::Client::new()
+        .post("http://127.0.0.1:8888/v1/chat/completions")
+        .bearer_auth(key)
+        .json(&serde_json::json!({"model": "DeepSeek-V4.1-Flash-1017", "messages": [{"role": "user", "content": "What is 12*12?"}], "chat_template_kwargs": {"enable_thinking": false}}))
+        .send()
+        .await?;
+    Ok(serde_json::from_str(&r.text().await?)?)
+}
+
+async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
+    let repos = info.state_dir.join("hub-repos");
+    hub_tree(&repos)?;
+    let hub = HubServer::start(&repos, "127.0.0.1:0".parse()?, HubOptions::default())?;
+    let mut config = spark_deploy_testbed::deployment::deployment_config(info);
+    config.hub.endpoint = hub.endpoint();
+    config.model.id = MODEL.into();
+    config.model.revision = hub.commit(MODEL).ok_or("model commit")?;
+    config.model.engram_repo = ORIGINAL.into();
+    config.model.engram_revision = hub.commit(ORIGINAL).ok_or("original commit")?;
+    config.model.engram_files = vec!["*.safetensors".into()];
+    config.model.kit_repo = KIT.into();
+    config.model.kit_revision = hub.commit(KIT).ok_or("kit commit")?;
+    spark_deploy_testbed::engine::prepare(&mut config, home, None).await?;
+    let v = validate(config, home)?;
+
+    // 1. The whole standard plan.
+    let rec = Recorder::default();
+    let ctx = Context::new(v.clone(), Arc::new(rec.clone()));
+    let report = Plan::standard(&v).run(&ctx).await.map_err(|e| {
+        format!(
+            "{e}\n{:#?}",
+            rec.events().iter().rev().take(12).collect::<Vec<_>>()
+        )
+    })?;
+    assert_eq!(
+        report.steps.iter().filter(|s| s.status == "failed").count(),
+        0
+    );
+    let ev = rec.events();
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::Progress {
+                step: StepKind::FetchCheckpoint,
+                ..
+            }
+        )),
+        "fetch progress events"
+    );
+    assert!(
+        ev.iter().any(
+            |e| matches!(e, Event::Log { line, .. } if line.contains("is running on port 8888"))
+        )
+    );
+    let key =
+        spark_deploy_core::lifecycle::api_key::read(Path::new(&v.config().serving.api_key_file))?;
+    let reply = chat(key.expose()).await?;
+    assert_eq!(
+        reply["choices"][0]["message"]["content"]
+            .as_str()
+            .map(str::trim),
+        Some("144"),
+        "{reply}"
+    );
+    let health: serde_json::Value = reqwest::get("http://127.0.0.1:8888/health")
+        .await?
+        .json()
+        .await?;
+    assert_eq!(health["status"], "ok", "{health}");
+    // The worker's rank file arrived over the fabric and is a regular file on the worker's disk.
+    let worker_cache = PathBuf::from(&v.config().nodes[1].data_dir);
+    assert!(
+        std::fs::read_to_string(worker_cache.join(".spark-deploy-received.tsv"))?
+            .contains("rank1of2-")
+    );
+
+    // 2. Teardown saves both logs.
+    let rec2 = Recorder::default();
+    let ctx2 = Context::new(v.clone(), Arc::new(rec2.clone()));
+    Plan::teardown(&v).run(&ctx2).await?;
+    let saved: Vec<String> = rec2
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Log { line, .. } if line.contains("log saved to") => Some(line.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(saved.len(), 2, "{saved:?}");
+
+    // 3. An up-to-date re-run skips the preparation steps and moves no byte.
+    let rec3 = Recorder::default();
+    let ctx3 = Context::new(v.clone(), Arc::new(rec3.clone()));
+    Plan::standard(&v).run(&ctx3).await?;
+    let s = steps(&rec3.events());
+    for k in [
+        StepKind::FetchCheckpoint,
+        StepKind::BuildRankCache,
+        StepKind::ConfigureWorkerStorage,
+        StepKind::BuildImage,
+    ] {
+        assert!(
+            s.contains(&(k, "skipped")),
+            "{k:?} must be skipped on an up-to-date re-run: {s:?}"
+        );
+    }
+
+    // 4. Both ranks or neither: kill rank 1, then Smoke fails and stops rank 0 too.
+    std::process::Command::new("docker")
+        .args(["kill", "sd-testbed-rank1"])
+        .output()?;
+    let rec4 = Recorder::default();
+    let ctx4 = Context::new(v.clone(), Arc::new(rec4.clone()));
+    let smoke = Plan::standard(&v)
+        .steps()
+        .iter()
+        .find(|s| s.kind() == StepKind::Smoke)
+        .cloned()
+        .ok_or("smoke")?;
+    let err = Plan::from_steps(&v, vec![smoke])
+        .run(&ctx4)
+        .await
+        .expect_err("smoke must fail with rank 1 dead");
+    assert!(err.to_string().contains("rank 1"), "{err}");
+    assert!(rec4.events().iter().any(|e| matches!(e, Event::Log { line, .. } if line.contains("stopped sd-testbed-rank0 (both ranks or neither)"))), "rank 0 stopped too");
+    let ps = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            "label=io.spark-deploy.deployment=sd-testbed",
+        ])
+        .output()?;
+    assert!(ps.stdout.is_empty(), "no rank container left");
+    drop(hub);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_deploy_end_to_end() {
+    let opts = options();
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    let result = async {
+        let info = cluster::up(&opts).await?;
+        scenario(&info, &home).await
+    }
+    .await;
+    let _ = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "docker rm -f sd-testbed-rank0 sd-testbed-rank1 >/dev/null 2>&1",
+        ])
+        .status();
+    let down = cluster::down(&opts).await;
+    result.unwrap();
+    down.unwrap();
+}
