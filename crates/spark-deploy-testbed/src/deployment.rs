@@ -19,7 +19,7 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
     c.deployment.state_dir = head_dir.join("state").display().to_string();
     c.hub.cache = head_dir.join("hf").display().to_string();
     c.hub.ablit_cache = head_dir.join("hf-ablit").display().to_string();
-    c.serving.context = 16_384;
+    c.serving.context = 4096;
     c.serving.max_tokens = 1024;
     c.lifecycle.min_avail_gib = 1;
     c.lifecycle.ready_timeout_s = 120;

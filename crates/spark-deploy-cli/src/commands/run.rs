@@ -29,7 +29,7 @@ fn failure(e: &RunError) -> Failure {
     };
     Failure {
         code,
-        message: e.failure.to_string() + ": " + &e.failure.chain(),
+        message: e.failure.to_string(),
         remedy: e.failure.remedy.clone(),
     }
 }

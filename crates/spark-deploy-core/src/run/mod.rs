@@ -63,16 +63,10 @@ impl StepFailure {
         }
     }
 
-    /// The error chain as one string.
+    /// The error as one string (module errors already carry their sources' text).
     #[must_use]
     pub fn chain(&self) -> String {
-        let mut s = self.source.to_string();
-        let mut cur = self.source.source();
-        while let Some(c) = cur {
-            s.push_str(&format!(": {c}"));
-            cur = c.source();
-        }
-        s
+        self.source.to_string()
     }
 }
 

@@ -148,18 +148,16 @@ fn base_spec(
             "none".into()
         },
         devices: facts.infiniband_device.iter().cloned().collect(),
-        ulimits: vec![
-            Ulimit {
-                name: "memlock".into(),
-                soft: -1,
-                hard: -1,
-            },
-            Ulimit {
-                name: "stack".into(),
-                soft: 67_108_864,
-                hard: 67_108_864,
-            },
-        ],
+        // The testbed's daemon may not raise RLIMIT_MEMLOCK (no RDMA there to pin memory for).
+        ulimits: [("memlock", -1), ("stack", 67_108_864)]
+            .into_iter()
+            .filter(|(n, _)| !(c.deployment.testbed && *n == "memlock"))
+            .map(|(n, v)| Ulimit {
+                name: n.into(),
+                soft: v,
+                hard: v,
+            })
+            .collect(),
         cap_add: vec!["IPC_LOCK".into()],
         oom_score_adj: 1000,
         restart: "no".into(),
