@@ -41,6 +41,10 @@ enum Command {
     Config(commands::config::ConfigCommand),
     /// Print every step of the deployment with its actions per node; touches nothing.
     Plan,
+    /// Print the deployment's API key (generated on the first `up`).
+    ApiKey,
+    /// Deploy onto the testbed (two Sparks on this machine) in one command.
+    Demo,
     /// Run the whole deployment: preflight, fetch, rank inputs, worker storage, image, launch, smoke.
     Up,
     /// Stop every rank (rank 0 first), saving logs.
@@ -76,6 +80,8 @@ fn main() -> ExitCode {
         Command::Init(args) => commands::init::run(&global, &args),
         Command::Config(cmd) => commands::config::run(&global, &cmd),
         Command::Plan => commands::plan::run(&global),
+        Command::ApiKey => commands::api_key(&global),
+        Command::Demo => commands::demo::run(&global),
         Command::Up => commands::run::run(&global, commands::run::Which::Up),
         Command::Down => commands::run::run(&global, commands::run::Which::Down),
         Command::Preflight => commands::run::run(

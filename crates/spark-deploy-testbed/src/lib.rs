@@ -2,6 +2,7 @@
 #![recursion_limit = "256"]
 pub mod checkpoint;
 pub mod cluster;
+pub mod demo;
 pub mod deployment;
 pub mod engine;
 pub mod hub_server;

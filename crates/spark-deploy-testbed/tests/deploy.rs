@@ -11,36 +11,15 @@ use spark_deploy_core::config::validate;
 use spark_deploy_core::event::{Event, Recorder};
 use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::run::Context;
-use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
-use spark_deploy_testbed::hub_server::{HubOptions, HubServer};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-const MODEL: &str = "testbed/dsv41-exl3";
-const ORIGINAL: &str = "testbed/dsv41-original";
-const KIT: &str = "testbed/dsv41-kit";
 
 fn options() -> TestbedOptions {
     TestbedOptions {
         install_tools: true,
         ..TestbedOptions::default()
     }
-}
-
-/// The generated checkpoint arranged as three hub repos.
-fn hub_tree(root: &Path) -> R<()> {
-    let scratch = root.join(".gen");
-    let g = generate(&CheckpointSpec::small(5), &scratch)?;
-    for (dir, repo) in [(&g.model_dir, MODEL), (&g.original_dir, ORIGINAL)] {
-        let to = root.join(repo);
-        std::fs::create_dir_all(to.parent().unwrap())?;
-        std::fs::rename(dir, &to)?;
-    }
-    std::fs::create_dir_all(root.join(KIT))?;
-    std::fs::rename(&g.kit_dir, root.join(KIT).join("kit"))?;
-    std::fs::remove_dir_all(&scratch)?;
-    Ok(())
 }
 
 fn steps(events: &[Event]) -> Vec<(StepKind, &'static str)> {
@@ -66,19 +45,7 @@ async fn chat(key: &str) -> R<serde_json::Value> {
 }
 
 async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
-    let repos = info.state_dir.join("hub-repos");
-    hub_tree(&repos)?;
-    let hub = HubServer::start(&repos, "127.0.0.1:0".parse()?, HubOptions::default())?;
-    let mut config = spark_deploy_testbed::deployment::deployment_config(info);
-    config.hub.endpoint = hub.endpoint();
-    config.model.id = MODEL.into();
-    config.model.revision = hub.commit(MODEL).ok_or("model commit")?;
-    config.model.engram_repo = ORIGINAL.into();
-    config.model.engram_revision = hub.commit(ORIGINAL).ok_or("original commit")?;
-    config.model.engram_files = vec!["*.safetensors".into()];
-    config.model.kit_repo = KIT.into();
-    config.model.kit_revision = hub.commit(KIT).ok_or("kit commit")?;
-    spark_deploy_testbed::engine::prepare(&mut config, home, None).await?;
+    let (hub, config) = spark_deploy_testbed::demo::prepare(info, home).await?;
     let v = validate(config, home)?;
 
     // 1. The whole standard plan.

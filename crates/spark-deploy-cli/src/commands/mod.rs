@@ -1,6 +1,7 @@
 //! One module per command.
 
 pub(crate) mod config;
+pub(crate) mod demo;
 pub(crate) mod init;
 pub(crate) mod plan;
 pub(crate) mod rank_cache;
@@ -38,4 +39,19 @@ impl Global {
         let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
         Ok(cfg::validate(raw, &home)?)
     }
+}
+
+/// `spark-deploy api-key`: prints the key on request (never in logs or events).
+pub(crate) fn api_key(global: &Global) -> Result<(), Failure> {
+    let config = global.load()?;
+    let path = std::path::Path::new(&config.config().serving.api_key_file);
+    let key = spark_deploy_core::lifecycle::api_key::read(path).map_err(|e| {
+        Failure::new(
+            crate::exit::RUNTIME,
+            &e,
+            Some("run `spark-deploy up` first: it generates the key".into()),
+        )
+    })?;
+    crate::render::out(key.expose());
+    Ok(())
 }

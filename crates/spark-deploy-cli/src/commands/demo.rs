@@ -1,0 +1,46 @@
+//! `spark-deploy demo`: the whole deployment onto the testbed in one command.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use spark_deploy_core::config::validate;
+use spark_deploy_core::plan::Plan;
+use spark_deploy_core::run::Context;
+use spark_deploy_testbed::cluster::{self, TestbedOptions};
+
+use super::Global;
+use crate::events::TerminalSink;
+use crate::exit::{CONFIG, Failure, RUNTIME};
+use crate::render;
+
+pub(crate) fn run(global: &Global) -> Result<(), Failure> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(RUNTIME, &e, None))?;
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+    let opts = TestbedOptions {
+        install_tools: true,
+        ..TestbedOptions::default()
+    };
+    rt.block_on(async {
+        render::note("bringing the testbed up (first time: builds its node image from this machine's Debian packages)");
+        let info = cluster::up(&opts).await.map_err(|e| Failure::new(RUNTIME, &e, Some("`spark-deploy testbed down` removes a half-built testbed".into())))?;
+        render::note("generating the test-scale checkpoint, starting the testbed hub, installing the engine stand-in");
+        let (hub, config) = spark_deploy_testbed::demo::prepare(&info, &home).await.map_err(|e| Failure::new(RUNTIME, e.as_ref(), None))?;
+        let path = info.state_dir.join("spark-deploy.toml");
+        let text = toml::to_string_pretty(&config).map_err(|e| Failure::new(CONFIG, &e, None))?;
+        std::fs::write(&path, format!("# Written by `spark-deploy demo` for the testbed.\n{text}")).map_err(|e| Failure::new(RUNTIME, &e, None))?;
+        let config = validate(config, &home)?;
+        let ctx = Context::new(config.clone(), Arc::new(TerminalSink::new(global.json)));
+        let result = Plan::standard(&config).run(&ctx).await;
+        drop(hub);
+        match result {
+            Ok(_) => {
+                render::note(&format!("stop it with: spark-deploy --config {} down; then spark-deploy testbed down", path.display()));
+                Ok(())
+            }
+            Err(e) => Err(Failure { code: RUNTIME, message: e.failure.to_string(), remedy: e.failure.remedy.clone() }),
+        }
+    })
+}

@@ -1,0 +1,73 @@
+//! Everything a deployment onto the testbed needs besides the cluster: the generated test-scale
+//! checkpoint served by the HF-compatible hub, the stand-in engine, and the config that ties them
+//! together. Used by `spark-deploy demo`, the Python module and the end-to-end tests.
+
+use std::path::Path;
+
+use spark_deploy_core::config::DeploymentConfig;
+
+use crate::checkpoint::{CheckpointSpec, generate};
+use crate::cluster::TestbedInfo;
+use crate::hub_server::{HubOptions, HubServer};
+
+/// The checkpoint repo on the testbed hub.
+pub const MODEL: &str = "testbed/dsv41-exl3";
+/// The "original model" repo (Engram tables, `bias_vl`).
+pub const ORIGINAL: &str = "testbed/dsv41-original";
+/// The kit repo (folder `kit/`).
+pub const KIT: &str = "testbed/dsv41-kit";
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Generates the small checkpoint (seed `seed`) as three hub repos below `root`, once.
+///
+/// # Errors
+///
+/// Generation or file-system errors.
+pub fn hub_tree(root: &Path, seed: u64) -> Result<(), BoxError> {
+    if root.join(MODEL).join("config.json").exists() {
+        return Ok(());
+    }
+    let scratch = root.join(".gen");
+    let _ = std::fs::remove_dir_all(&scratch);
+    let g = generate(&CheckpointSpec::small(seed), &scratch)?;
+    for (dir, repo) in [(&g.model_dir, MODEL), (&g.original_dir, ORIGINAL)] {
+        let to = root.join(repo);
+        std::fs::create_dir_all(to.parent().ok_or("repo path")?)?;
+        let _ = std::fs::remove_dir_all(&to);
+        std::fs::rename(dir, &to)?;
+    }
+    std::fs::create_dir_all(root.join(KIT))?;
+    let _ = std::fs::remove_dir_all(root.join(KIT).join("kit"));
+    std::fs::rename(&g.kit_dir, root.join(KIT).join("kit"))?;
+    std::fs::remove_dir_all(&scratch)?;
+    Ok(())
+}
+
+/// Starts the hub on loopback over the generated repos and returns it with a deployment config
+/// for `info` that fetches from it and runs the stand-in engine (image imported, binaries
+/// installed in the head's engine dir).
+///
+/// # Errors
+///
+/// Generation, hub or engine preparation errors.
+pub async fn prepare(
+    info: &TestbedInfo,
+    home: &Path,
+) -> Result<(HubServer, DeploymentConfig), BoxError> {
+    let repos = info.state_dir.join("hub-repos");
+    let r = repos.clone();
+    tokio::task::spawn_blocking(move || hub_tree(&r, 5)).await??;
+    let hub = HubServer::start(&repos, "127.0.0.1:0".parse()?, HubOptions::default())?;
+    let mut config = crate::deployment::deployment_config(info);
+    config.hub.endpoint = hub.endpoint();
+    config.model.id = MODEL.into();
+    config.model.revision = hub.commit(MODEL).ok_or("model commit")?;
+    config.model.engram_repo = ORIGINAL.into();
+    config.model.engram_revision = hub.commit(ORIGINAL).ok_or("original commit")?;
+    config.model.engram_files = vec!["*.safetensors".into()];
+    config.model.kit_repo = KIT.into();
+    config.model.kit_revision = hub.commit(KIT).ok_or("kit commit")?;
+    crate::engine::prepare(&mut config, home, None).await?;
+    Ok((hub, config))
+}
