@@ -1,0 +1,95 @@
+//! Benchmark (not a test): copy-mode throughput to the testbed worker, measured side by side in
+//! one run against `rsync -a --whole-file` over SSH to the worker's fabric address and a local `cp`
+//! onto the worker's disk directory (the testbed's physical limit: the same disk).
+//!
+//! `cargo run --release -p spark-deploy-testbed --bin bench-storage -- [GIB]` (default 2 GiB of the
+//! large test-scale checkpoint's shards). Needs root, Docker and `rsync`.
+#![allow(clippy::print_stdout)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use spark_deploy_core::ports::exec::Exec;
+use spark_deploy_core::transfer::{expand, pull, server::FileServer};
+use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
+use spark_deploy_testbed::cluster::{self, TestbedOptions};
+
+type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn dir_bytes(p: &Path) -> u64 {
+    expand(p, Path::new("/x")).map(|j| j.iter().map(|f| f.size).sum()).unwrap_or(0)
+}
+
+fn sync_fs() {
+    let _ = Command::new("sync").status();
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> R<()> {
+    let opts = TestbedOptions { install_tools: true, ..TestbedOptions::default() };
+    let info = cluster::up(&opts).await?;
+    let result = bench(&info).await;
+    cluster::down(&opts).await?;
+    result
+}
+
+async fn bench(info: &cluster::TestbedInfo) -> R<()> {
+    let w = info.worker();
+    let src = info.state_dir.join("bench-src");
+    let g = generate(&CheckpointSpec::large(3), &src)?;
+    let data = g.model_dir.clone();
+    let bytes = dir_bytes(&data);
+    println!("payload: {} files, {:.2} GiB ({})", expand(&data, Path::new("/x"))?.len(), bytes as f64 / f64::from(1u32 << 30), data.display());
+    let mib = |secs: f64| bytes as f64 / secs / f64::from(1u32 << 20);
+
+    // 1. Ours: head file server on the fabric address, worker pulls with curl, sha256 verified.
+    let dest = w.disk_dir.join("bench-ours");
+    let server = FileServer::start(SocketAddr::new(info.head_fabric_addr.into(), 0)).await?;
+    let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
+    let jobs = expand(&data, &dest)?;
+    let t = Instant::now();
+    let stats = pull::transfer(&exec, &server, &jobs, &dest.join(".manifest.tsv"), &info.state_dir.join("hashes.tsv"), 4, &|_, _, _| {}).await?;
+    sync_fs();
+    let ours = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let again = pull::transfer(&exec, &server, &jobs, &dest.join(".manifest.tsv"), &info.state_dir.join("hashes.tsv"), 4, &|_, _, _| {}).await?;
+    let rerun = t.elapsed().as_secs_f64();
+
+    // 2. rsync -a --whole-file over SSH to the worker's fabric address.
+    let rdest = w.disk_dir.join("bench-rsync");
+    let ssh = format!(
+        "ssh -i {} -o BatchMode=yes -o UserKnownHostsFile={} -o HostKeyAlias={} -o StrictHostKeyChecking=yes",
+        w.identity_file.display(),
+        w.known_hosts.display(),
+        w.management_addr
+    );
+    let t = Instant::now();
+    let st = Command::new("rsync").args(["-a", "--whole-file", "-e", &ssh]).arg(format!("{}/", data.display())).arg(format!("root@{}:{}/", w.fabric_addr, rdest.display())).status()?;
+    sync_fs();
+    let rsync = t.elapsed().as_secs_f64();
+    if !st.success() {
+        return Err("rsync failed".into());
+    }
+
+    // 3. Local cp onto the worker's disk directory (same disk).
+    let cdest: PathBuf = w.disk_dir.join("bench-cp");
+    let t = Instant::now();
+    let st = Command::new("cp").arg("-r").arg(&data).arg(&cdest).status()?;
+    sync_fs();
+    let cp = t.elapsed().as_secs_f64();
+    if !st.success() {
+        return Err("cp failed".into());
+    }
+
+    println!("ours  : {ours:7.2} s  {:8.1} MiB/s  ({} of {} files sent, sha256 verified on both ends)", mib(ours), stats.sent, stats.files);
+    println!("rsync : {rsync:7.2} s  {:8.1} MiB/s  (-a --whole-file over SSH to {})", mib(rsync), w.fabric_addr);
+    println!("cp    : {cp:7.2} s  {:8.1} MiB/s  (local, same disk)", mib(cp));
+    println!("ratio ours/rsync = {:.2}x   ours/cp = {:.2}x", rsync / ours, cp / ours);
+    println!("up-to-date re-run: {} of {} files sent in {rerun:.2} s", again.sent, again.files);
+    for d in [&dest, &rdest, &cdest, &src] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(())
+}
