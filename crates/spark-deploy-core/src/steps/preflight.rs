@@ -9,10 +9,12 @@ use crate::layout::NodeLayout;
 use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail};
 use crate::ports::exec::{Cmd, Exec};
-use crate::preflight::report::{CheckResult, PreflightReport, Verdict};
-use crate::preflight::roce::{self, Route};
+use crate::preflight::decide::{
+    DockerProbe, Missing, NodeFacts, PortProbe, RANK_WEIGHT_BYTES, Settings, decide, error_chain,
+};
+use crate::preflight::report::{PreflightReport, Verdict};
+use crate::preflight::roce::{self, Sysfs};
 use crate::preflight::sysfs_dump::{self, SysfsDump};
-use crate::preflight::{budget, clocks, meminfo, smi};
 use crate::run::{Context, Outcome, StepFailure};
 
 /// Checks every node before anything changes: SSH, Docker, GPU and clocks, memory, disk, fabric,
@@ -77,274 +79,128 @@ pub struct PreflightFailed {
     pub report: PreflightReport,
 }
 
-/// Rank weights assumed by the memory budget before the rank file exists (ENGINE-CONTRACT.md §13.4).
-const REAL_RANK_BYTES: u64 = 106_000_000_000;
-const GIB: u64 = 1 << 30;
-
-/// Facts of one node gathered by [`gather`].
-struct NodeFindings {
-    results: Vec<CheckResult>,
-    gpus: Vec<smi::GpuClocks>,
-    route: Option<Route>,
-    roce: Option<roce::RoceFacts>,
-    infiniband: bool,
-}
-
+/// A command's stdout as text; its error chain on failure.
 async fn text(exec: &Exec, cmd: &Cmd) -> Result<String, String> {
     exec.run(cmd)
         .await
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .map_err(|e| e.to_string())
+        .map_err(|e| error_chain(&e))
 }
 
-async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFindings {
+/// Expands a leading `~/` on the node, then runs the rest of the script with `$1` the path.
+const HOME_PATH: &str =
+    r#"case "$1" in "~/"*) set -- "$HOME/${1#\~/}";; "~") set -- "$HOME";; esac; "#;
+
+/// Rank files still to build on the head: `world` minus the `rank*of<world>-*.bin` files present,
+/// each estimated at [`RANK_WEIGHT_BYTES`] (ENGINE-CONTRACT.md §13.4).
+fn missing_rank_files(listing: &str, world: usize) -> Vec<Missing> {
+    (0..world)
+        .filter(|r| {
+            let prefix = format!("rank{r}of{world}-");
+            !listing.split_whitespace().any(|f| {
+                f.rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".bin"))
+            })
+        })
+        .map(|r| Missing {
+            what: format!("rank file {r}"),
+            bytes: RANK_WEIGHT_BYTES,
+        })
+        .collect()
+}
+
+/// Collects the raw facts of node `index` (no decisions: see [`decide`]).
+async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFacts {
     let c = ctx.config().config();
     let node = &c.nodes[index];
-    let n = node.name.as_str();
     let testbed = c.deployment.testbed;
-    let mut f = NodeFindings {
-        results: Vec::new(),
-        gpus: Vec::new(),
-        route: None,
-        roce: None,
-        infiniband: false,
-    };
+    let mut f = NodeFacts::new(&node.name, index, &node.ssh, &node.data_dir);
+    f.fabric_addr = node.fabric_addr;
+    f.peer = peer;
     let exec = match ctx.exec(index).await {
         Ok(e) => e,
         Err(e) => {
-            f.results.push(CheckResult::fail(
-                "ssh",
-                n,
-                e.to_string(),
-                format!(
-                    "check `ssh -o BatchMode=yes {}` works with the configured key and known_hosts",
-                    node.ssh
-                ),
-            ));
+            f.reach = Err(error_chain(&e));
             return f;
         }
     };
-    match exec.run(&Cmd::new("true")).await {
-        Ok(_) => f.results.push(CheckResult::ok(
-            if index == 0 { "exec" } else { "ssh" },
-            n,
-            if index == 0 {
-                "local".to_owned()
-            } else {
-                format!("BatchMode login to {} with host key checking", node.ssh)
-            },
-        )),
-        Err(e) => f.results.push(CheckResult::fail(
-            "ssh",
-            n,
-            e.to_string(),
-            "fix SSH access before anything else",
-        )),
+    f.reach = exec
+        .run(&Cmd::new("true"))
+        .await
+        .map(|_| ())
+        .map_err(|e| error_chain(&e));
+    if f.reach.is_err() {
+        return f;
     }
-    let sudo = exec
+    f.sudo = exec
         .output(&Cmd::new("sudo").args(["-n", "true"]))
         .await
         .is_ok_and(|o| o.status.success());
-    f.results.push(if sudo {
-        CheckResult::ok("sudo", n, "sudo -n available")
-    } else {
-        CheckResult::ok("sudo", n, "no passwordless sudo: non-sudo paths are used")
-    });
-    match ctx.docker(index).await {
+    f.docker = match ctx.docker(index).await {
         Ok(d) => match d.ping().await {
-            Ok(()) => f
-                .results
-                .push(CheckResult::ok("docker", n, "daemon reachable")),
-            Err(e) => f.results.push(CheckResult::fail(
-                "docker",
-                n,
-                e.to_string(),
-                "start the Docker daemon and add the user to the docker group",
-            )),
+            Ok(()) => DockerProbe::Reachable,
+            Err(e) => DockerProbe::PingFailed(error_chain(&e)),
         },
-        Err(e) => f.results.push(CheckResult::fail(
-            "docker",
-            n,
-            e.to_string(),
-            "the Docker socket must be reachable (through SSH for workers)",
-        )),
+        Err(e) => DockerProbe::Unreachable(error_chain(&e)),
+    };
+    if !testbed {
+        f.smi = Some(text(exec, &Cmd::new("nvidia-smi").args(["-q", "-d", "CLOCK"])).await);
     }
-    // GPU clocks.
-    if testbed {
-        f.results
-            .push(CheckResult::ok("gpu", n, "testbed: no GPU required"));
-    } else {
-        match text(exec, &Cmd::new("nvidia-smi").args(["-q", "-d", "CLOCK"])).await {
-            Ok(t) => f.gpus = smi::parse_clocks(&t),
-            Err(e) => f.results.push(CheckResult::fail(
-                "gpu",
-                n,
-                e,
-                "install the NVIDIA driver; `nvidia-smi` must work on every node",
-            )),
-        }
-    }
-    // Memory.
-    let minimum = u64::from(c.lifecycle.min_avail_gib) * GIB;
-    match exec
+    f.meminfo = exec
         .read_file(Path::new("/proc/meminfo"))
         .await
         .map(|b| String::from_utf8_lossy(&b).into_owned())
-    {
-        Ok(m) => match meminfo::mem_available(&m) {
-            Some(avail) => {
-                let shown = format!("MemAvailable {:.1} GiB", avail as f64 / GIB as f64);
-                f.results.push(if testbed || avail >= minimum {
-                    CheckResult::ok("memory.available", n, shown)
-                } else {
-                    CheckResult::fail("memory.available", n, shown, format!("free memory to reach {} GiB: stop other GPU work, `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`", c.lifecycle.min_avail_gib))
-                });
-                let weights = if testbed { 0 } else { REAL_RANK_BYTES };
-                let b = budget::RankBudget::new(weights, c.serving.context, 2 * GIB);
-                let need = format!(
-                    "budget {:.1} GiB (weights + arena + KV + RoPE + 2 GiB) for context {}",
-                    b.total() as f64 / GIB as f64,
-                    c.serving.context
-                );
-                if testbed || b.total() <= avail {
-                    f.results.push(CheckResult::ok("memory.budget", n, need));
-                } else {
-                    let remedy = budget::largest_pool(
-                        weights,
-                        2 * GIB,
-                        avail,
-                        ctx.config().limits().max_pool,
-                    )
-                    .map_or_else(
-                        || "no context fits this node's available memory".to_owned(),
-                        |p| format!("set CONTEXT ≤ {p} (the largest pool that fits)"),
-                    );
-                    f.results
-                        .push(CheckResult::fail("memory.budget", n, need, remedy));
-                }
-            }
-            None => f.results.push(CheckResult::fail(
-                "memory.available",
-                n,
-                "no MemAvailable in /proc/meminfo",
-                "a Linux kernel ≥ 3.14 reports it",
-            )),
-        },
-        Err(e) => f.results.push(CheckResult::fail(
-            "memory.available",
-            n,
-            e.to_string(),
-            "/proc/meminfo must be readable",
-        )),
-    }
-    // Disk under the data directory.
-    let data_dir = &node.data_dir;
-    match text(
+        .map_err(|e| error_chain(&e));
+    f.df = text(
         exec,
-        &Cmd::shell("mkdir -p -- \"$1\" && df -Pk -- \"$1\" | tail -1").args(["sh", data_dir]),
+        &Cmd::shell(&format!(
+            "{HOME_PATH}mkdir -p -- \"$1\" && df -Pk -- \"$1\" | tail -1"
+        ))
+        .args(["sh", &node.data_dir]),
     )
-    .await
-    {
-        Ok(t) => {
-            let avail_kib: u64 = t
-                .split_whitespace()
-                .nth(3)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            f.results.push(CheckResult::ok(
-                "disk",
-                n,
-                format!(
-                    "{:.1} GiB free under {data_dir}",
-                    (avail_kib * 1024) as f64 / GIB as f64
-                ),
-            ));
-        }
-        Err(e) => f.results.push(CheckResult::fail(
-            "disk",
-            n,
-            e,
-            format!("{data_dir} must be creatable by the SSH user"),
-        )),
+    .await;
+    if !testbed && index == 0 {
+        let inputs = NodeLayout::of(ctx.config(), node).inputs_dir;
+        let listing = text(
+            exec,
+            &Cmd::shell(&format!(
+                "{HOME_PATH}ls -1 -- \"$1\"/rank-cache 2>/dev/null; true"
+            ))
+            .args(["sh", &inputs]),
+        )
+        .await
+        .unwrap_or_default();
+        f.missing = missing_rank_files(&listing, c.nodes.len());
     }
-    // Fabric.
     if let Some(peer) = peer {
-        match text(
+        let route = text(
             exec,
             &Cmd::new("ip").args(["-o", "-4", "route", "get", &peer.to_string()]),
         )
-        .await
-        .map(|t| roce::parse_route(&t))
-        {
-            Ok(Some(route)) => {
-                let expected = node.fabric_addr;
-                if expected.is_some_and(|a| a != route.src) {
-                    f.results.push(CheckResult::fail("fabric.addr", n, format!("route to {peer} leaves from {} via {}", route.src, route.dev), format!("nodes[{index}].fabric_addr is {}: the fabric address must be local to the fabric netdev (management and fabric addresses mixed up?)", expected.unwrap_or(route.src))));
-                } else {
-                    f.results.push(CheckResult::ok(
-                        "fabric.addr",
-                        n,
-                        format!("{} on {} reaches {peer}", route.src, route.dev),
-                    ));
-                }
-                if !testbed {
-                    let dump = text(exec, &Cmd::shell(sysfs_dump::SCRIPT))
+        .await;
+        if let Some(r) = route.as_ref().ok().and_then(|t| roce::parse_route(t)) {
+            f.mtu = Some(
+                text(
+                    exec,
+                    &Cmd::new("cat").arg(format!("/sys/class/net/{}/mtu", r.dev)),
+                )
+                .await,
+            );
+            if !testbed {
+                f.sysfs = Some(
+                    text(exec, &Cmd::shell(sysfs_dump::SCRIPT))
                         .await
-                        .map(|t| SysfsDump::parse(&t));
-                    match dump
-                        .map_err(|e| e.clone())
-                        .and_then(|d| roce::detect(&d, &route).map_err(|e| e.to_string()))
-                    {
-                        Ok(r) => {
-                            for w in &r.warnings {
-                                f.results.push(CheckResult::warn(
-                                    "fabric.roce",
-                                    n,
-                                    format!("{} GID {}", r.devices.join(","), r.gid_index),
-                                    w.clone(),
-                                ));
-                            }
-                            f.results.push(CheckResult::ok(
-                                "fabric.roce",
-                                n,
-                                format!(
-                                    "{} ACTIVE, RoCE v2 GID index {}",
-                                    r.devices.join(","),
-                                    r.gid_index
-                                ),
-                            ));
-                            f.roce = Some(r);
-                        }
-                        Err(e) => f.results.push(CheckResult::fail(
-                            "fabric.roce",
-                            n,
-                            e,
-                            "see the message",
-                        )),
-                    }
-                }
-                f.route = Some(route);
+                        .map(|t| Box::new(SysfsDump::parse(&t)) as Box<dyn Sysfs + Send + Sync>),
+                );
             }
-            Ok(None) | Err(_) => f.results.push(CheckResult::fail(
-                "fabric.route",
-                n,
-                format!("no route to {peer}"),
-                "connect the fabric link and configure its address",
-            )),
         }
-    } else {
-        f.results.push(CheckResult::fail(
-            "fabric.addr",
-            n,
-            "the peer's fabric address is unknown",
-            "set nodes[1].fabric_addr (FABRIC_PEER) to the worker's ConnectX-7 address",
-        ));
+        f.route = Some(route);
     }
     f.infiniband = exec
         .path_exists(Path::new("/dev/infiniband"))
         .await
         .unwrap_or(false);
-    let _ = NodeLayout::of(ctx.config(), node);
     f
 }
 
@@ -367,37 +223,34 @@ impl Preflight {
                 }
             })
             .collect();
-        let findings =
+        let mut facts =
             futures::future::join_all((0..c.nodes.len()).map(|i| gather(ctx, i, peers[i]))).await;
-        let mut report = PreflightReport::default();
-        for f in &findings {
-            report.results.extend(f.results.iter().cloned());
-        }
-        if !c.deployment.testbed {
-            let gpus: Vec<(String, Vec<smi::GpuClocks>)> = c
-                .nodes
-                .iter()
-                .zip(&findings)
-                .map(|(n, f)| (n.name.clone(), f.gpus.clone()))
-                .collect();
-            report.results.extend(clocks::compare(&gpus));
-        }
-        let head_addr = findings[0].route.as_ref().map(|r| r.src);
         let api = format!("{}:{}", c.serving.host, c.serving.port);
-        report.results.push(if port_free(&api) { CheckResult::ok("port.api", &c.nodes[0].name, format!("{api} free")) } else { CheckResult::fail("port.api", &c.nodes[0].name, format!("{api} in use"), "stop what listens there (`spark-deploy down` if it is an old deployment) or change serving.port") });
-        if let Some(a) = head_addr {
+        let head_src = facts[0]
+            .route
+            .as_ref()
+            .and_then(|r| r.as_ref().ok())
+            .and_then(|t| roce::parse_route(t))
+            .map(|r| r.src);
+        facts[0].ports.push(PortProbe {
+            check: "port.api".into(),
+            free: port_free(&api),
+            addr: api,
+            remedy: "stop what listens there (`spark-deploy down` if it is an old deployment) or change serving.port".into(),
+        });
+        if let Some(a) = head_src {
             let rdv = format!("{a}:{}", c.engine.rendezvous_port);
-            report.results.push(if port_free(&rdv) {
-                CheckResult::ok("port.rendezvous", &c.nodes[0].name, format!("{rdv} free"))
-            } else {
-                CheckResult::fail(
-                    "port.rendezvous",
-                    &c.nodes[0].name,
-                    format!("{rdv} in use"),
-                    "stop the old rank 0 or change engine.rendezvous_port",
-                )
+            facts[0].ports.push(PortProbe {
+                check: "port.rendezvous".into(),
+                free: port_free(&rdv),
+                addr: rdv,
+                remedy: "stop the old rank 0 or change engine.rendezvous_port".into(),
             });
         }
+        let decision = decide(&Settings::of(ctx.config()), &facts);
+        let report = PreflightReport {
+            results: decision.results,
+        };
         for r in &report.results {
             let level = match r.verdict {
                 Verdict::Ok => Level::Info,
@@ -424,7 +277,7 @@ impl Preflight {
         }
         let testbed = c.deployment.testbed;
         ctx.update_facts(|facts| {
-            for (nf, f) in facts.nodes.iter_mut().zip(&findings) {
+            for (nf, f) in facts.nodes.iter_mut().zip(&decision.detected) {
                 if let Some(r) = &f.route {
                     nf.fabric_addr = r.src.to_string();
                     nf.netdev = r.dev.clone();

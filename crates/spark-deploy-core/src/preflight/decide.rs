@@ -1,0 +1,633 @@
+//! The preflight decisions as one pure function: [`decide`] turns the raw facts of every node
+//! ([`NodeFacts`]: command outputs as text, a [`Sysfs`] view, probe results) and the settings drawn
+//! from the configuration ([`Settings`]) into the table's rows. Collection lives in
+//! `steps::preflight`; nothing here touches a node, so every failing case is tested on built facts.
+
+use std::error::Error as StdError;
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+
+use super::report::CheckResult;
+use super::roce::{self, RoceFacts, Route, Sysfs};
+use super::{budget, clocks, meminfo, smi};
+use crate::config::ValidatedConfig;
+
+const GIB: u64 = 1 << 30;
+
+/// Rank weights assumed by the memory budget: the rank file is "about 106 GB" = 98.7 GiB, the
+/// "~99 GiB a rank with DSpark" of the run report (ENGINE-CONTRACT.md §13.4; the design figure is
+/// ~97 GiB, so this errs on the safe side). The native server counts the rank file's size
+/// (§13.6, `native.weightBytes`), which is why the file size and not the design figure is used.
+pub const RANK_WEIGHT_BYTES: u64 = 106_000_000_000;
+
+/// Memory kept free on top of weights, arena, KV and RoPE: 4 GiB.
+///
+/// Chosen from ENGINE-CONTRACT.md: §13.6 upstream's CUDA floor is at least 4 GiB (and
+/// `TENSORFOLD_MEMORY_RESERVE_GIB` ≥ 2), §13.7 peers use a 4 GiB hard `MemAvailable` floor while
+/// serving, and §13.5 measured 5 GiB left on the head at `--context 1048576 --parallel 4`. It also
+/// covers what the formula leaves out (SWA and DSpark rings, rank 1's frame buffer, §13.2/§13.3).
+/// With it the seed config (CONTEXT 1,048,576, ~99 GiB a rank) needs
+/// 98.7 + 16 + 0.9 + 0.5 + 4 = 120.1 GiB: it fits 125 GiB available, does not fit 110 GiB (where
+/// the largest pool that fits is ~299k), and on 100 GiB not even the smallest pool fits
+/// (98.7 + 3 + 4 > 100).
+pub const RESERVE_BYTES: u64 = 4 * GIB;
+
+/// What [`decide`] needs from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The nodes are the testbed: no GPU, RDMA or memory budget is required.
+    pub testbed: bool,
+    /// `MemAvailable` floor, GiB.
+    pub min_avail_gib: u32,
+    /// The CONTEXT pool (`serving.context`).
+    pub context: u64,
+    /// The engine's largest pool.
+    pub max_pool: u64,
+    /// Rank weight bytes for the budget.
+    pub rank_weights: u64,
+    /// Reserve bytes for the budget.
+    pub reserve: u64,
+}
+
+impl Settings {
+    /// The settings of `config`.
+    #[must_use]
+    pub fn of(config: &ValidatedConfig) -> Self {
+        let c = config.config();
+        Self {
+            testbed: c.deployment.testbed,
+            min_avail_gib: c.lifecycle.min_avail_gib,
+            context: c.serving.context,
+            max_pool: config.limits().max_pool,
+            rank_weights: if c.deployment.testbed {
+                0
+            } else {
+                RANK_WEIGHT_BYTES
+            },
+            reserve: RESERVE_BYTES,
+        }
+    }
+}
+
+/// Why the Docker probe failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DockerProbe {
+    /// The daemon answered a ping.
+    Reachable,
+    /// The socket could not be reached (through SSH for workers).
+    Unreachable(String),
+    /// The socket was reached but the ping failed.
+    PingFailed(String),
+}
+
+/// Something still missing on a node that needs disk space there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    /// What it is (`rank file 1`, `checkpoint: model-00003.safetensors`).
+    pub what: String,
+    /// Its size in bytes (an estimate where the exact size is not known yet).
+    pub bytes: u64,
+}
+
+/// A TCP port that must be free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortProbe {
+    /// Check name (`port.api`, `port.rendezvous`).
+    pub check: String,
+    /// `addr:port`.
+    pub addr: String,
+    /// Binding it succeeded.
+    pub free: bool,
+    /// What to do when it is in use.
+    pub remedy: String,
+}
+
+/// The raw facts of one node, as collected; `Err` holds the failing command's error text.
+pub struct NodeFacts {
+    /// Node name.
+    pub name: String,
+    /// Position in `nodes` (0 = head).
+    pub index: usize,
+    /// SSH target (`local` for the head).
+    pub ssh: String,
+    /// The configured fabric address, if any.
+    pub fabric_addr: Option<Ipv4Addr>,
+    /// The peer's fabric address, if known.
+    pub peer: Option<Ipv4Addr>,
+    /// The data directory the disk check is about.
+    pub data_dir: String,
+    /// Opening the Exec port and running `true`: the full error chain on failure.
+    pub reach: Result<(), String>,
+    /// `sudo -n true` succeeded.
+    pub sudo: bool,
+    /// The Docker probe.
+    pub docker: DockerProbe,
+    /// `nvidia-smi -q -d CLOCK` (`None` on the testbed).
+    pub smi: Option<Result<String, String>>,
+    /// `/proc/meminfo`.
+    pub meminfo: Result<String, String>,
+    /// `df -Pk <data_dir> | tail -1`.
+    pub df: Result<String, String>,
+    /// What still has to land on this node.
+    pub missing: Vec<Missing>,
+    /// `ip -o -4 route get <peer>` (`None` when the peer is unknown).
+    pub route: Option<Result<String, String>>,
+    /// `/sys/class/net/<route dev>/mtu` (`None` when there is no route).
+    pub mtu: Option<Result<String, String>>,
+    /// The node's sysfs (`None` on the testbed or without a route).
+    pub sysfs: Option<Result<Box<dyn Sysfs + Send + Sync>, String>>,
+    /// `/dev/infiniband` exists.
+    pub infiniband: bool,
+    /// Ports that must be free on this node.
+    pub ports: Vec<PortProbe>,
+}
+
+impl NodeFacts {
+    /// A node about which nothing was collected yet (every fact missing, unreached).
+    #[must_use]
+    pub fn new(name: &str, index: usize, ssh: &str, data_dir: &str) -> Self {
+        let missing = || Err("not collected".to_owned());
+        Self {
+            name: name.to_owned(),
+            index,
+            ssh: ssh.to_owned(),
+            fabric_addr: None,
+            peer: None,
+            data_dir: data_dir.to_owned(),
+            reach: Err("not collected".to_owned()),
+            sudo: false,
+            docker: DockerProbe::Unreachable("not collected".to_owned()),
+            smi: None,
+            meminfo: missing(),
+            df: missing(),
+            missing: Vec::new(),
+            route: None,
+            mtu: None,
+            sysfs: None,
+            infiniband: false,
+            ports: Vec::new(),
+        }
+    }
+}
+
+/// What a node's decision detected, for the later steps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Detected {
+    /// The route towards the peer.
+    pub route: Option<Route>,
+    /// RoCE devices and GID index.
+    pub roce: Option<RoceFacts>,
+    /// `/dev/infiniband` exists.
+    pub infiniband: bool,
+}
+
+/// The rows of the table and what was detected per node (in `nodes` order).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Rows: each node's checks, then the cross-node checks, then the ports.
+    pub results: Vec<CheckResult>,
+    /// Per node.
+    pub detected: Vec<Detected>,
+}
+
+/// An error and its sources on one line (`a: b: c`), so the underlying cause (ssh's stderr) is
+/// visible to [`ssh_remedy`].
+#[must_use]
+pub fn error_chain(e: &dyn StdError) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            let _ = write!(s, ": {t}");
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// The remedy for a failed SSH login, classified from the error text.
+#[must_use]
+pub fn ssh_remedy(error: &str, ssh: &str) -> String {
+    let e = error.to_ascii_lowercase();
+    let host = ssh.rsplit('@').next().unwrap_or(ssh);
+    if e.contains("host key verification failed")
+        || e.contains("host key is known")
+        || e.contains("remote host identification has changed")
+        || e.contains("host key for")
+    {
+        format!(
+            "the host key of {host} is not in known_hosts (or changed): verify its fingerprint on the node \
+             (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then add it with \
+             `ssh-keyscan -H {host} >> ~/.ssh/known_hosts` (or the node's known_hosts file); host keys are always checked"
+        )
+    } else if e.contains("connection refused") {
+        format!(
+            "{host} refuses SSH connections: start sshd there (`sudo systemctl enable --now ssh`) or set the node's ssh_port"
+        )
+    } else if e.contains("permission denied") {
+        format!(
+            "{host} refused the key (BatchMode, no password): install it with `ssh-copy-id {ssh}` or set the node's identity_file"
+        )
+    } else if e.contains("could not resolve hostname") || e.contains("name or service not known") {
+        format!(
+            "{host} does not resolve: use its management IP or add it to /etc/hosts / ~/.ssh/config"
+        )
+    } else if e.contains("timed out") || e.contains("no route to host") {
+        format!("{host} is unreachable: check the management network and the node's power")
+    } else {
+        format!(
+            "check that `ssh -o BatchMode=yes {ssh} true` works with the configured key and known_hosts"
+        )
+    }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.1}", b as f64 / GIB as f64)
+}
+
+/// Splits a `...; remedy: ...` message into the observation and the remedy.
+fn split_remedy(msg: &str) -> (String, String) {
+    match msg.split_once("; remedy: ") {
+        Some((o, r)) => (o.to_owned(), r.to_owned()),
+        None => (msg.to_owned(), "see the message".to_owned()),
+    }
+}
+
+/// The memory budget rows of one node: the arithmetic in the observed text; on failure the
+/// largest CONTEXT that fits there, or that none does.
+#[must_use]
+pub fn memory_budget(settings: &Settings, node: &str, available: u64) -> CheckResult {
+    let b = budget::RankBudget::new(settings.rank_weights, settings.context, settings.reserve);
+    let observed = format!(
+        "weights {} + arena {} + KV {} + RoPE {} + reserve {} = {} GiB vs MemAvailable {} GiB (CONTEXT {})",
+        gib(b.weights),
+        gib(b.arena),
+        gib(b.kv),
+        gib(b.rope),
+        gib(b.reserve),
+        gib(b.total()),
+        gib(available),
+        settings.context
+    );
+    if settings.testbed || b.total() <= available {
+        return CheckResult::ok("memory.budget", node, observed);
+    }
+    let remedy = budget::largest_pool(
+        settings.rank_weights,
+        settings.reserve,
+        available,
+        settings.max_pool,
+    )
+    .map_or_else(
+        || {
+            format!(
+                "no CONTEXT fits: even the smallest pool (2048) needs more than {} GiB; free memory on this node (stop other GPU work, drop caches)",
+                gib(available)
+            )
+        },
+        |p| {
+            let fit = budget::RankBudget::new(settings.rank_weights, p, settings.reserve);
+            format!(
+                "set CONTEXT ≤ {p}, the largest pool that fits here ({} GiB), or free memory",
+                gib(fit.total())
+            )
+        },
+    );
+    CheckResult::fail("memory.budget", node, observed, remedy)
+}
+
+/// Parses the free KiB of `df -Pk ... | tail -1` output.
+#[must_use]
+pub fn df_free_bytes(text: &str) -> Option<u64> {
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    line.split_whitespace()
+        .nth(3)?
+        .parse::<u64>()
+        .ok()
+        .map(|k| k * 1024)
+}
+
+fn decide_node(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Detected {
+    let n = f.name.as_str();
+    let mut d = Detected {
+        infiniband: f.infiniband,
+        ..Detected::default()
+    };
+    match &f.reach {
+        Ok(()) => out.push(CheckResult::ok(
+            if f.index == 0 { "exec" } else { "ssh" },
+            n,
+            if f.index == 0 {
+                "local".to_owned()
+            } else {
+                format!("BatchMode login to {} with host key checking", f.ssh)
+            },
+        )),
+        Err(e) => {
+            out.push(CheckResult::fail(
+                "ssh",
+                n,
+                e.clone(),
+                ssh_remedy(e, &f.ssh),
+            ));
+            return d;
+        }
+    }
+    out.push(if f.sudo {
+        CheckResult::ok("sudo", n, "sudo -n available")
+    } else {
+        CheckResult::ok("sudo", n, "no passwordless sudo: non-sudo paths are used")
+    });
+    out.push(match &f.docker {
+        DockerProbe::Reachable => CheckResult::ok("docker", n, "daemon reachable"),
+        DockerProbe::PingFailed(e) => CheckResult::fail(
+            "docker",
+            n,
+            e.clone(),
+            "start the Docker daemon and add the user to the docker group",
+        ),
+        DockerProbe::Unreachable(e) => CheckResult::fail(
+            "docker",
+            n,
+            e.clone(),
+            "the Docker socket must be reachable (through SSH for workers)",
+        ),
+    });
+    if s.testbed {
+        out.push(CheckResult::ok("gpu", n, "testbed: no GPU required"));
+    } else if let Some(Err(e)) = &f.smi {
+        out.push(CheckResult::fail(
+            "gpu",
+            n,
+            e.clone(),
+            "install the NVIDIA driver; `nvidia-smi` must work on every node",
+        ));
+    }
+    decide_memory(s, f, out);
+    decide_disk(f, out);
+    decide_fabric(s, f, out, &mut d);
+    d
+}
+
+fn decide_memory(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
+    let n = f.name.as_str();
+    let minimum = u64::from(s.min_avail_gib) * GIB;
+    match &f.meminfo {
+        Ok(m) => match meminfo::mem_available(m) {
+            Some(avail) => {
+                let shown = format!(
+                    "MemAvailable {} GiB (floor {} GiB)",
+                    gib(avail),
+                    s.min_avail_gib
+                );
+                out.push(if s.testbed || avail >= minimum {
+                    CheckResult::ok("memory.available", n, shown)
+                } else {
+                    CheckResult::fail(
+                        "memory.available",
+                        n,
+                        shown,
+                        format!(
+                            "free memory to reach {} GiB: stop other GPU work, `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`, wait for the page cache to drop",
+                            s.min_avail_gib
+                        ),
+                    )
+                });
+                out.push(memory_budget(s, n, avail));
+            }
+            None => out.push(CheckResult::fail(
+                "memory.available",
+                n,
+                "no MemAvailable in /proc/meminfo",
+                "a Linux kernel ≥ 3.14 reports it",
+            )),
+        },
+        Err(e) => out.push(CheckResult::fail(
+            "memory.available",
+            n,
+            e.clone(),
+            "/proc/meminfo must be readable",
+        )),
+    }
+}
+
+fn decide_disk(f: &NodeFacts, out: &mut Vec<CheckResult>) {
+    let (n, dir) = (f.name.as_str(), f.data_dir.as_str());
+    let text = match &f.df {
+        Ok(t) => t,
+        Err(e) => {
+            out.push(CheckResult::fail(
+                "disk",
+                n,
+                e.clone(),
+                format!("{dir} must be creatable by the SSH user"),
+            ));
+            return;
+        }
+    };
+    let need: u64 = f.missing.iter().map(|m| m.bytes).sum();
+    let parts = if f.missing.is_empty() {
+        "nothing missing".to_owned()
+    } else {
+        f.missing
+            .iter()
+            .map(|m| format!("{} {} GiB", m.what, gib(m.bytes)))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    let Some(free) = df_free_bytes(text) else {
+        out.push(CheckResult::warn(
+            "disk",
+            n,
+            format!(
+                "unreadable df output {text:?}; need {} GiB ({parts})",
+                gib(need)
+            ),
+            format!("check `df -Pk {dir}` on the node"),
+        ));
+        return;
+    };
+    let observed = format!(
+        "need {} GiB ({parts}), {} GiB free under {dir}",
+        gib(need),
+        gib(free)
+    );
+    out.push(if need <= free {
+        CheckResult::ok("disk", n, observed)
+    } else {
+        CheckResult::fail(
+            "disk",
+            n,
+            observed,
+            format!(
+                "free {} GiB under {dir} (or point the node's data_dir / hf_cache at a larger filesystem)",
+                gib(need - free)
+            ),
+        )
+    });
+}
+
+fn decide_fabric(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>, d: &mut Detected) {
+    let n = f.name.as_str();
+    let (Some(peer), Some(route_text)) = (f.peer, &f.route) else {
+        out.push(CheckResult::fail(
+            "fabric.addr",
+            n,
+            "the peer's fabric address is unknown",
+            "set nodes[1].fabric_addr (FABRIC_PEER) to the worker's ConnectX-7 address",
+        ));
+        return;
+    };
+    let Some(route) = route_text.as_ref().ok().and_then(|t| roce::parse_route(t)) else {
+        out.push(CheckResult::fail(
+            "fabric.route",
+            n,
+            format!("no route to {peer}"),
+            "connect the fabric link and configure its address",
+        ));
+        return;
+    };
+    match f.fabric_addr {
+        Some(expected) if expected != route.src => out.push(CheckResult::fail(
+            "fabric.addr",
+            n,
+            format!("route to {peer} leaves from {} via {}, not from the fabric address {expected}", route.src, route.dev),
+            format!(
+                "the peer is reachable only over another network (management?): nodes[{}].fabric_addr {expected} must be configured on the ConnectX-7 netdev and the peer's fabric address must be on its subnet (`ip -4 addr`, `ip route get {peer}`)",
+                f.index
+            ),
+        )),
+        _ => out.push(CheckResult::ok(
+            "fabric.addr",
+            n,
+            format!("{} on {} reaches {peer}", route.src, route.dev),
+        )),
+    }
+    if !s.testbed {
+        match &f.sysfs {
+            Some(Ok(sys)) => match roce::detect(sys.as_ref(), &route) {
+                Ok(r) => {
+                    for w in &r.warnings {
+                        out.push(CheckResult::warn(
+                            "fabric.roce",
+                            n,
+                            format!("{} GID {}", r.devices.join(","), r.gid_index),
+                            w.clone(),
+                        ));
+                    }
+                    out.push(CheckResult::ok(
+                        "fabric.roce",
+                        n,
+                        format!(
+                            "{} ACTIVE, RoCE v2 GID index {}",
+                            r.devices.join(","),
+                            r.gid_index
+                        ),
+                    ));
+                    d.roce = Some(r);
+                }
+                Err(e) => {
+                    let (o, r) = split_remedy(&e.to_string());
+                    out.push(CheckResult::fail("fabric.roce", n, o, r));
+                }
+            },
+            Some(Err(e)) => out.push(CheckResult::fail(
+                "fabric.roce",
+                n,
+                e.clone(),
+                "the sysfs dump must run on the node (sh, ls, head)",
+            )),
+            None => out.push(CheckResult::fail(
+                "fabric.roce",
+                n,
+                "sysfs not collected",
+                "the sysfs dump must run on the node",
+            )),
+        }
+    }
+    d.route = Some(route);
+}
+
+/// Fabric MTU across nodes: every node's fabric netdev must have the same MTU (a mismatch drops
+/// jumbo frames on the larger side).
+fn compare_mtu(facts: &[NodeFacts], detected: &[Detected]) -> Option<CheckResult> {
+    let mtus: Vec<(&str, &str, u32)> = facts
+        .iter()
+        .zip(detected)
+        .filter_map(|(f, d)| {
+            let route = d.route.as_ref()?;
+            let mtu = f.mtu.as_ref()?.as_ref().ok()?.trim().parse().ok()?;
+            Some((f.name.as_str(), route.dev.as_str(), mtu))
+        })
+        .collect();
+    if mtus.len() < 2 {
+        return None;
+    }
+    let observed = mtus
+        .iter()
+        .map(|(n, dev, m)| format!("{n} {dev} {m}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let max = mtus.iter().map(|m| m.2).max().unwrap_or(0);
+    if mtus.iter().all(|m| m.2 == max) {
+        return Some(CheckResult::ok("fabric.mtu", "all", observed));
+    }
+    let fixes = mtus
+        .iter()
+        .filter(|m| m.2 != max)
+        .map(|(n, dev, _)| format!("on {n}: `sudo ip link set {dev} mtu {max}`"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(CheckResult::fail(
+        "fabric.mtu",
+        "all",
+        observed,
+        format!(
+            "the fabric MTU must be the same on both ends; {fixes} (and persist it in netplan)"
+        ),
+    ))
+}
+
+/// Decides every check over the collected facts (`facts` in `nodes` order, head first).
+#[must_use]
+pub fn decide(settings: &Settings, facts: &[NodeFacts]) -> Decision {
+    let mut results = Vec::new();
+    let detected: Vec<Detected> = facts
+        .iter()
+        .map(|f| decide_node(settings, f, &mut results))
+        .collect();
+    if !settings.testbed {
+        // A node whose nvidia-smi failed already has its row; compare the ones that answered.
+        let answered: Vec<(String, Vec<smi::GpuClocks>)> = facts
+            .iter()
+            .filter(|f| f.reach.is_ok() && !matches!(f.smi, Some(Err(_))))
+            .map(|f| {
+                let g = match &f.smi {
+                    Some(Ok(t)) => smi::parse_clocks(t),
+                    _ => Vec::new(),
+                };
+                (f.name.clone(), g)
+            })
+            .collect();
+        if !answered.is_empty() {
+            results.extend(clocks::compare(&answered));
+        }
+    }
+    results.extend(compare_mtu(facts, &detected));
+    for f in facts {
+        for p in &f.ports {
+            results.push(if p.free {
+                CheckResult::ok(&p.check, &f.name, format!("{} free", p.addr))
+            } else {
+                CheckResult::fail(
+                    &p.check,
+                    &f.name,
+                    format!("{} in use", p.addr),
+                    p.remedy.clone(),
+                )
+            });
+        }
+    }
+    Decision { results, detected }
+}
