@@ -631,3 +631,362 @@ pub fn decide(settings: &Settings, facts: &[NodeFacts]) -> Decision {
     }
     Decision { results, detected }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::report::Verdict;
+    use crate::preflight::roce::{DirSysfs, mapped_gid};
+
+    const SMI: &str =
+        include_str!("../../../../tests/fixtures/host-facts/h200x2/nvidia-smi-q-clock.txt");
+    const SEED_CONTEXT: u64 = 1_048_576;
+
+    fn seed() -> Settings {
+        Settings {
+            testbed: false,
+            min_avail_gib: 100,
+            context: SEED_CONTEXT,
+            max_pool: 1_114_063,
+            rank_weights: RANK_WEIGHT_BYTES,
+            reserve: RESERVE_BYTES,
+        }
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    /// A Spark-like sysfs tree: per device `(hca, netdev, port state, v2)`; GIDs 0 (fe80, v1),
+    /// 1 (fe80, v2), 2 (`addr`, RoCE v1), 3 (`addr` as RoCE v2 when `v2`, else all-zero RoCE v2).
+    fn tree(addr: Ipv4Addr, devs: &[(&str, &str, &str, bool)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        let w = |p: &str, c: &str| {
+            let f = d.path().join(p.trim_start_matches('/'));
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, format!("{c}\n")).unwrap();
+        };
+        let fe80 = "fe80:0000:0000:0000:0000:0000:0000:0001".to_owned();
+        let zero = "0000:0000:0000:0000:0000:0000:0000:0000".to_owned();
+        for (hca, netdev, state, v2) in devs {
+            w(&format!("/sys/class/net/{netdev}/mtu"), "9000");
+            w(
+                &format!("/sys/class/net/{netdev}/device/infiniband/{hca}/ibdev"),
+                hca,
+            );
+            let base = format!("/sys/class/infiniband/{hca}/ports/1");
+            w(&format!("{base}/state"), state);
+            let entries = [
+                (fe80.clone(), "IB/RoCE v1"),
+                (fe80.clone(), "RoCE v2"),
+                (mapped_gid(addr), "IB/RoCE v1"),
+                (if *v2 { mapped_gid(addr) } else { zero.clone() }, "RoCE v2"),
+            ];
+            for (i, (gid, ty)) in entries.iter().enumerate() {
+                w(&format!("{base}/gids/{i}"), gid);
+                w(&format!("{base}/gid_attrs/types/{i}"), ty);
+            }
+        }
+        d
+    }
+
+    const RAILS: [(&str, &str, &str, bool); 2] = [
+        ("rocep1s0f1", "enp1s0f1np1", "4: ACTIVE", true),
+        ("roceP2p1s0f1", "enP2p1s0f1np1", "4: ACTIVE", true),
+    ];
+
+    /// A healthy node; `tree` must outlive the facts' use (the sysfs reads it lazily).
+    fn healthy(index: usize, t: &tempfile::TempDir) -> NodeFacts {
+        let (name, ssh, me, peer) = if index == 0 {
+            ("head", "local", "198.18.0.1", "198.18.0.2")
+        } else {
+            ("worker-1", "me@spark-2", "198.18.0.2", "198.18.0.1")
+        };
+        let mut f = NodeFacts::new(name, index, ssh, "/data/spark-deploy");
+        f.fabric_addr = Some(ip(me));
+        f.peer = Some(ip(peer));
+        f.reach = Ok(());
+        f.sudo = true;
+        f.docker = DockerProbe::Reachable;
+        f.smi = Some(Ok(SMI.to_owned()));
+        f.meminfo = Ok(format!(
+            "MemTotal: 130000000 kB\nMemAvailable: {} kB\n",
+            125 * 1024 * 1024
+        ));
+        f.df = Ok(format!(
+            "/dev/nvme0n1p2 3000000000 1000000000 {} 34% /",
+            500 * 1024 * 1024
+        ));
+        f.route = Some(Ok(format!(
+            "{peer} dev enp1s0f1np1 src {me} uid 1000 \\    cache "
+        )));
+        f.mtu = Some(Ok("9000\n".to_owned()));
+        f.sysfs = Some(Ok(Box::new(DirSysfs::new(t.path()))));
+        f.infiniband = true;
+        f
+    }
+
+    fn pair() -> (tempfile::TempDir, tempfile::TempDir) {
+        (
+            tree(ip("198.18.0.1"), &RAILS),
+            tree(ip("198.18.0.2"), &RAILS),
+        )
+    }
+
+    fn row<'a>(d: &'a Decision, check: &str, node: &str) -> &'a CheckResult {
+        d.results
+            .iter()
+            .find(|r| r.check == check && r.node == node)
+            .unwrap_or_else(|| panic!("no {check} row for {node}: {:#?}", d.results))
+    }
+
+    fn remedy(r: &CheckResult) -> &str {
+        r.remedy.as_deref().unwrap_or("")
+    }
+
+    #[test]
+    fn a_healthy_pair_has_no_failure_and_detects_the_gid() {
+        let (a, b) = pair();
+        let d = decide(&seed(), &[healthy(0, &a), healthy(1, &b)]);
+        assert!(
+            d.results.iter().all(|r| r.verdict != Verdict::Fail),
+            "{:#?}",
+            d.results
+        );
+        let roce = d.detected[0].roce.as_ref().unwrap();
+        assert_eq!(roce.gid_index, 3);
+        assert_eq!(roce.devices, ["rocep1s0f1", "roceP2p1s0f1"]);
+        assert_eq!(row(&d, "fabric.mtu", "all").verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn clock_caps_differ_fails_with_the_lgc_command() {
+        let (a, b) = pair();
+        let mut w = healthy(1, &b);
+        w.smi = Some(Ok(SMI.replace("1980 MHz", "1830 MHz")));
+        let d = decide(&seed(), &[healthy(0, &a), w]);
+        let r = row(&d, "gpu.clocks", "all");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(
+            remedy(r).contains("sudo nvidia-smi -lgc 1830,1830"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn mem_available_below_the_floor_fails() {
+        let (a, b) = pair();
+        let s = Settings {
+            min_avail_gib: 200, // above the machine's memory
+            ..seed()
+        };
+        let d = decide(&s, &[healthy(0, &a), healthy(1, &b)]);
+        let r = row(&d, "memory.available", "worker-1");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(r.observed.contains("MemAvailable 125.0 GiB"), "{r:?}");
+        assert!(remedy(r).contains("drop_caches"), "{r:?}");
+    }
+
+    #[test]
+    fn disk_need_from_what_is_missing_above_free_space_fails() {
+        let (a, b) = pair();
+        let mut h = healthy(0, &a);
+        h.df = Ok(format!(
+            "/dev/nvme0n1p2 3000000 1000000 {} 34% /\n",
+            60 * 1024 * 1024
+        ));
+        h.missing = vec![
+            Missing {
+                what: "rank file 0".into(),
+                bytes: RANK_WEIGHT_BYTES,
+            },
+            Missing {
+                what: "checkpoint: model-00007.safetensors".into(),
+                bytes: 5 * GIB,
+            },
+        ];
+        let d = decide(&seed(), &[h, healthy(1, &b)]);
+        let r = row(&d, "disk", "head");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(
+            r.observed.contains("need 103.7 GiB (rank file 0 98.7 GiB + checkpoint: model-00007.safetensors 5.0 GiB), 60.0 GiB free"),
+            "{r:?}"
+        );
+        assert!(
+            remedy(r).contains("free 43.7 GiB under /data/spark-deploy"),
+            "{r:?}"
+        );
+        // Nothing missing: any free space is enough.
+        assert_eq!(row(&d, "disk", "worker-1").verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn peer_reachable_only_over_the_management_address_fails() {
+        let (a, b) = pair();
+        let mut h = healthy(0, &a);
+        h.route = Some(Ok(
+            "198.18.0.2 via 10.0.0.1 dev eno1 src 10.0.0.5 uid 1000 \\    cache ".into(),
+        ));
+        let d = decide(&seed(), &[h, healthy(1, &b)]);
+        let r = row(&d, "fabric.addr", "head");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(r.observed.contains("10.0.0.5 via eno1"), "{r:?}");
+        assert!(remedy(r).contains("management"), "{r:?}");
+    }
+
+    #[test]
+    fn mtu_mismatch_between_the_nodes_fails() {
+        let (a, b) = pair();
+        let mut w = healthy(1, &b);
+        w.mtu = Some(Ok("1500".into()));
+        let d = decide(&seed(), &[healthy(0, &a), w]);
+        let r = row(&d, "fabric.mtu", "all");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(r.observed.contains("worker-1 enp1s0f1np1 1500"), "{r:?}");
+        assert!(
+            remedy(r).contains("on worker-1: `sudo ip link set enp1s0f1np1 mtu 9000`"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_gid_table_without_a_roce_v2_ipv4_entry_fails() {
+        let a = tree(
+            ip("198.18.0.1"),
+            &[("rocep1s0f1", "enp1s0f1np1", "4: ACTIVE", false)],
+        );
+        let b = tree(ip("198.18.0.2"), &RAILS);
+        let d = decide(&seed(), &[healthy(0, &a), healthy(1, &b)]);
+        let r = row(&d, "fabric.roce", "head");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(
+            r.observed.contains("no RoCE v2 GID for 198.18.0.1"),
+            "{r:?}"
+        );
+        assert!(remedy(r).contains("RoCE v1"), "{r:?}");
+        assert!(d.detected[0].roce.is_none());
+    }
+
+    #[test]
+    fn a_second_rail_down_fails_naming_it() {
+        let a = tree(
+            ip("198.18.0.1"),
+            &[RAILS[0], ("roceP2p1s0f1", "enP2p1s0f1np1", "1: DOWN", true)],
+        );
+        let b = tree(ip("198.18.0.2"), &RAILS);
+        let d = decide(&seed(), &[healthy(0, &a), healthy(1, &b)]);
+        let r = row(&d, "fabric.roce", "head");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(
+            r.observed.contains("roceP2p1s0f1 port 1 is \"1: DOWN\""),
+            "{r:?}"
+        );
+        assert!(remedy(r).contains("ibv_devinfo -d roceP2p1s0f1"), "{r:?}");
+    }
+
+    #[test]
+    fn a_port_in_use_fails_with_its_remedy() {
+        let (a, b) = pair();
+        let mut h = healthy(0, &a);
+        h.ports.push(PortProbe {
+            check: "port.api".into(),
+            addr: "0.0.0.0:8888".into(),
+            free: false,
+            remedy: "stop what listens there or change serving.port".into(),
+        });
+        let d = decide(&seed(), &[h, healthy(1, &b)]);
+        let r = row(&d, "port.api", "head");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert_eq!(r.observed, "0.0.0.0:8888 in use");
+        assert!(remedy(r).contains("serving.port"));
+    }
+
+    #[test]
+    fn worker_ssh_refused_or_unknown_host_key_gets_a_clear_remedy() {
+        let (a, b) = pair();
+        let cases = [
+            (
+                "worker-1: cannot connect for remote commands: ssh: connect to host spark-2 port 22: Connection refused",
+                "sudo systemctl enable --now ssh",
+            ),
+            (
+                "worker-1: cannot connect for remote commands: No ED25519 host key is known for spark-2 and you have requested strict checking.\r\nHost key verification failed.",
+                "ssh-keyscan -H spark-2 >> ~/.ssh/known_hosts",
+            ),
+            (
+                "me@spark-2: Permission denied (publickey).",
+                "ssh-copy-id me@spark-2",
+            ),
+        ];
+        for (err, want) in cases {
+            let mut w = healthy(1, &b);
+            w.reach = Err(err.into());
+            let d = decide(&seed(), &[healthy(0, &a), w]);
+            let r = row(&d, "ssh", "worker-1");
+            assert_eq!(r.verdict, Verdict::Fail);
+            assert!(remedy(r).contains(want), "{err}: {r:?}");
+            assert!(
+                !d.results
+                    .iter()
+                    .any(|r| r.node == "worker-1" && r.check == "docker"),
+                "nothing else is decided for an unreachable node"
+            );
+        }
+    }
+
+    #[test]
+    fn seed_budget_passes_on_125_gib() {
+        let r = memory_budget(&seed(), "n", 125 * GIB);
+        assert_eq!(r.verdict, Verdict::Ok, "{r:?}");
+        assert_eq!(
+            r.observed,
+            "weights 98.7 + arena 16.0 + KV 0.9 + RoPE 0.5 + reserve 4.0 = 120.1 GiB vs MemAvailable 125.0 GiB (CONTEXT 1048576)"
+        );
+    }
+
+    #[test]
+    fn seed_budget_fails_on_110_gib_naming_the_largest_context() {
+        let r = memory_budget(&seed(), "n", 110 * GIB);
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(
+            r.observed.contains("= 120.1 GiB vs MemAvailable 110.0 GiB"),
+            "{r:?}"
+        );
+        let p =
+            budget::largest_pool(RANK_WEIGHT_BYTES, RESERVE_BYTES, 110 * GIB, 1_114_063).unwrap();
+        assert!(p > 262_144 && p < SEED_CONTEXT, "{p}");
+        assert!(remedy(&r).contains(&format!("set CONTEXT ≤ {p},")), "{r:?}");
+        let over = budget::RankBudget::new(RANK_WEIGHT_BYTES, p + 2048, RESERVE_BYTES);
+        assert!(over.total() > 110 * GIB, "{p} is the boundary");
+    }
+
+    #[test]
+    fn seed_budget_on_100_gib_says_no_context_fits() {
+        let r = memory_budget(&seed(), "n", 100 * GIB);
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(remedy(&r).starts_with("no CONTEXT fits"), "{r:?}");
+    }
+
+    #[test]
+    fn the_testbed_needs_no_gpu_roce_or_budget() {
+        let s = Settings {
+            testbed: true,
+            rank_weights: 0,
+            ..seed()
+        };
+        let mut h = healthy(0, &tempfile::tempdir().unwrap());
+        h.smi = None;
+        h.sysfs = None;
+        let d = decide(&s, &[h]);
+        assert!(
+            d.results.iter().all(|r| r.verdict != Verdict::Fail),
+            "{:#?}",
+            d.results
+        );
+        assert!(
+            !d.results
+                .iter()
+                .any(|r| r.check == "fabric.roce" || r.check == "gpu.clocks")
+        );
+    }
+}

@@ -154,7 +154,7 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
         .map_err(|e| error_chain(&e));
     f.df = text(
         exec,
-        &Cmd::shell(&format!(
+        &Cmd::shell(format!(
             "{HOME_PATH}mkdir -p -- \"$1\" && df -Pk -- \"$1\" | tail -1"
         ))
         .args(["sh", &node.data_dir]),
@@ -164,7 +164,7 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
         let inputs = NodeLayout::of(ctx.config(), node).inputs_dir;
         let listing = text(
             exec,
-            &Cmd::shell(&format!(
+            &Cmd::shell(format!(
                 "{HOME_PATH}ls -1 -- \"$1\"/rank-cache 2>/dev/null; true"
             ))
             .args(["sh", &inputs]),
@@ -289,5 +289,29 @@ impl Preflight {
             }
         });
         Ok(Outcome::Done { bytes: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_rank_files_counts_what_is_not_built() {
+        let listing = "rank0of2-0123456789abcdef0123.bin\nrank1of4-ffff.bin\nnotes.txt\n";
+        let m = missing_rank_files(listing, 2);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].what, "rank file 1");
+        assert_eq!(m[0].bytes, RANK_WEIGHT_BYTES);
+        assert_eq!(missing_rank_files("", 2).len(), 2);
+    }
+
+    #[test]
+    fn a_port_in_use_is_seen_on_loopback() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        assert!(!port_free(&addr));
+        drop(l);
+        assert!(port_free(&addr));
     }
 }
