@@ -268,6 +268,7 @@ impl Preflight {
                 format!("{}: {}{remedy}", r.check, r.observed),
             );
         }
+        ctx.set_preflight_report(report.clone());
         if report.verdict() == Verdict::Fail {
             return Err(StepFailure::new(
                 StepKind::Preflight,
