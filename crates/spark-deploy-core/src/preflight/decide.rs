@@ -28,7 +28,7 @@ pub const RANK_WEIGHT_BYTES: u64 = 106_000_000_000;
 /// covers what the formula leaves out (SWA and DSpark rings, rank 1's frame buffer, §13.2/§13.3).
 /// With it the seed config (CONTEXT 1,048,576, ~99 GiB a rank) needs
 /// 98.7 + 16 + 0.9 + 0.5 + 4 = 120.1 GiB: it fits 125 GiB available, does not fit 110 GiB (where
-/// the largest pool that fits is ~299k), and on 100 GiB not even the smallest pool fits
+/// the largest pool that fits is 299,008), and on 100 GiB not even the smallest pool fits
 /// (98.7 + 3 + 4 > 100).
 pub const RESERVE_BYTES: u64 = 4 * GIB;
 
@@ -935,6 +935,33 @@ mod tests {
     }
 
     #[test]
+    fn the_exec_ports_error_chain_carries_sshs_reason() {
+        use crate::ports::exec::ExecError;
+        use crate::ports::ssh::SshError;
+        let chain = |stderr: &str| {
+            let e = ExecError::Connect {
+                node: "worker-1".into(),
+                source: Box::new(SshError::Connect {
+                    node: "worker-1".into(),
+                    destination: "me@spark-2".into(),
+                    port: 22,
+                    known_hosts: "/home/me/.ssh/known_hosts".into(),
+                    identity: "/home/me/.ssh/id_ed25519".into(),
+                    source: openssh::Error::Connect(std::io::Error::other(stderr.to_owned())),
+                }),
+            };
+            error_chain(&e)
+        };
+        let refused = chain("ssh: connect to host spark-2 port 22: Connection refused");
+        assert!(refused.contains("Connection refused"), "{refused}");
+        assert!(ssh_remedy(&refused, "me@spark-2").contains("start sshd"));
+        let unknown = chain(
+            "No ED25519 host key is known for spark-2 and you have requested strict checking.\r\nHost key verification failed.",
+        );
+        assert!(ssh_remedy(&unknown, "me@spark-2").contains("ssh-keyscan -H spark-2"));
+    }
+
+    #[test]
     fn seed_budget_passes_on_125_gib() {
         let r = memory_budget(&seed(), "n", 125 * GIB);
         assert_eq!(r.verdict, Verdict::Ok, "{r:?}");
@@ -954,7 +981,7 @@ mod tests {
         );
         let p =
             budget::largest_pool(RANK_WEIGHT_BYTES, RESERVE_BYTES, 110 * GIB, 1_114_063).unwrap();
-        assert!(p > 262_144 && p < SEED_CONTEXT, "{p}");
+        assert_eq!(p, 299_008, "arena 6 GiB is the last step that fits 7.3 GiB");
         assert!(remedy(&r).contains(&format!("set CONTEXT ≤ {p},")), "{r:?}");
         let over = budget::RankBudget::new(RANK_WEIGHT_BYTES, p + 2048, RESERVE_BYTES);
         assert!(over.total() > 110 * GIB, "{p} is the boundary");
