@@ -89,6 +89,18 @@ pub struct Missing {
     pub bytes: u64,
 }
 
+/// A directory that receives data on a node: `df -Pk <dir or its nearest existing parent> | tail -1`
+/// and what still has to land there. Directories on the same filesystem share its free space.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskFacts {
+    /// The directory (`data_dir`, the HF cache).
+    pub dir: String,
+    /// The `df` line, or why it could not be taken.
+    pub df: Result<String, String>,
+    /// What is still missing there.
+    pub missing: Vec<Missing>,
+}
+
 /// A TCP port that must be free.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortProbe {
@@ -114,8 +126,6 @@ pub struct NodeFacts {
     pub fabric_addr: Option<Ipv4Addr>,
     /// The peer's fabric address, if known.
     pub peer: Option<Ipv4Addr>,
-    /// The data directory the disk check is about.
-    pub data_dir: String,
     /// Opening the Exec port and running `true`: the full error chain on failure.
     pub reach: Result<(), String>,
     /// `sudo -n true` succeeded.
@@ -126,10 +136,8 @@ pub struct NodeFacts {
     pub smi: Option<Result<String, String>>,
     /// `/proc/meminfo`.
     pub meminfo: Result<String, String>,
-    /// `df -Pk <data_dir> | tail -1`.
-    pub df: Result<String, String>,
-    /// What still has to land on this node.
-    pub missing: Vec<Missing>,
+    /// The directories that receive data, each with its `df` and what still has to land there.
+    pub disks: Vec<DiskFacts>,
     /// `ip -o -4 route get <peer>` (`None` when the peer is unknown).
     pub route: Option<Result<String, String>>,
     /// `/sys/class/net/<route dev>/mtu` (`None` when there is no route).
@@ -145,7 +153,7 @@ pub struct NodeFacts {
 impl NodeFacts {
     /// A node about which nothing was collected yet (every fact missing, unreached).
     #[must_use]
-    pub fn new(name: &str, index: usize, ssh: &str, data_dir: &str) -> Self {
+    pub fn new(name: &str, index: usize, ssh: &str) -> Self {
         let missing = || Err("not collected".to_owned());
         Self {
             name: name.to_owned(),
@@ -153,14 +161,12 @@ impl NodeFacts {
             ssh: ssh.to_owned(),
             fabric_addr: None,
             peer: None,
-            data_dir: data_dir.to_owned(),
             reach: Err("not collected".to_owned()),
             sudo: false,
             docker: DockerProbe::Unreachable("not collected".to_owned()),
             smi: None,
             meminfo: missing(),
-            df: missing(),
-            missing: Vec::new(),
+            disks: Vec::new(),
             route: None,
             mtu: None,
             sysfs: None,
@@ -297,15 +303,14 @@ pub fn memory_budget(settings: &Settings, node: &str, available: u64) -> CheckRe
     CheckResult::fail("memory.budget", node, observed, remedy)
 }
 
-/// Parses the free KiB of `df -Pk ... | tail -1` output.
+/// Parses `df -Pk ... | tail -1` output into (mount point, free bytes).
 #[must_use]
-pub fn df_free_bytes(text: &str) -> Option<u64> {
+pub fn df_free_bytes(text: &str) -> Option<(String, u64)> {
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
-    line.split_whitespace()
-        .nth(3)?
-        .parse::<u64>()
-        .ok()
-        .map(|k| k * 1024)
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let free = fields.get(3)?.parse::<u64>().ok()? * 1024;
+    let mount = fields.get(5..).map(|m| m.join(" ")).unwrap_or_default();
+    Some((mount, free))
 }
 
 fn decide_node(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Detected {
@@ -413,59 +418,62 @@ fn decide_memory(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
 }
 
 fn decide_disk(f: &NodeFacts, out: &mut Vec<CheckResult>) {
-    let (n, dir) = (f.name.as_str(), f.data_dir.as_str());
-    let text = match &f.df {
-        Ok(t) => t,
-        Err(e) => {
-            out.push(CheckResult::fail(
+    let n = f.name.as_str();
+    // (mount, free, dirs, missing) per filesystem, in first-seen order.
+    let mut fs: Vec<(String, u64, Vec<&str>, Vec<&Missing>)> = Vec::new();
+    for d in &f.disks {
+        let dir = d.dir.as_str();
+        let parsed = match &d.df {
+            Ok(t) => df_free_bytes(t).ok_or_else(|| format!("unreadable df output {t:?}")),
+            Err(e) => Err(e.clone()),
+        };
+        match parsed {
+            Ok((mount, free)) => match fs.iter_mut().find(|g| g.0 == mount) {
+                Some(g) => {
+                    g.2.push(dir);
+                    g.3.extend(&d.missing);
+                }
+                None => fs.push((mount, free, vec![dir], d.missing.iter().collect())),
+            },
+            Err(e) => out.push(CheckResult::fail(
                 "disk",
                 n,
-                e.clone(),
-                format!("{dir} must be creatable by the SSH user"),
-            ));
-            return;
+                e,
+                format!("{dir} must be creatable by the SSH user and `df -Pk {dir}` must work"),
+            )),
         }
-    };
-    let need: u64 = f.missing.iter().map(|m| m.bytes).sum();
-    let parts = if f.missing.is_empty() {
-        "nothing missing".to_owned()
-    } else {
-        f.missing
-            .iter()
-            .map(|m| format!("{} {} GiB", m.what, gib(m.bytes)))
-            .collect::<Vec<_>>()
-            .join(" + ")
-    };
-    let Some(free) = df_free_bytes(text) else {
-        out.push(CheckResult::warn(
-            "disk",
-            n,
-            format!(
-                "unreadable df output {text:?}; need {} GiB ({parts})",
-                gib(need)
-            ),
-            format!("check `df -Pk {dir}` on the node"),
-        ));
-        return;
-    };
-    let observed = format!(
-        "need {} GiB ({parts}), {} GiB free under {dir}",
-        gib(need),
-        gib(free)
-    );
-    out.push(if need <= free {
-        CheckResult::ok("disk", n, observed)
-    } else {
-        CheckResult::fail(
-            "disk",
-            n,
-            observed,
-            format!(
-                "free {} GiB under {dir} (or point the node's data_dir / hf_cache at a larger filesystem)",
-                gib(need - free)
-            ),
-        )
-    });
+    }
+    for (mount, free, dirs, missing) in fs {
+        let need: u64 = missing.iter().map(|m| m.bytes).sum();
+        let parts = if missing.is_empty() {
+            "nothing missing".to_owned()
+        } else {
+            missing
+                .iter()
+                .map(|m| format!("{} {} GiB", m.what, gib(m.bytes)))
+                .collect::<Vec<_>>()
+                .join(" + ")
+        };
+        let dirs = dirs.join(", ");
+        let observed = format!(
+            "need {} GiB ({parts}), {} GiB free on {mount} ({dirs})",
+            gib(need),
+            gib(free)
+        );
+        out.push(if need <= free {
+            CheckResult::ok("disk", n, observed)
+        } else {
+            CheckResult::fail(
+                "disk",
+                n,
+                observed,
+                format!(
+                    "free {} GiB on {mount} (or point the node's data_dir / hub.cache at a larger filesystem)",
+                    gib(need - free)
+                ),
+            )
+        });
+    }
 }
 
 fn decide_fabric(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>, d: &mut Detected) {
@@ -702,7 +710,7 @@ mod tests {
         } else {
             ("worker-1", "me@spark-2", "198.18.0.2", "198.18.0.1")
         };
-        let mut f = NodeFacts::new(name, index, ssh, "/data/spark-deploy");
+        let mut f = NodeFacts::new(name, index, ssh);
         f.fabric_addr = Some(ip(me));
         f.peer = Some(ip(peer));
         f.reach = Ok(());
@@ -713,10 +721,14 @@ mod tests {
             "MemTotal: 130000000 kB\nMemAvailable: {} kB\n",
             125 * 1024 * 1024
         ));
-        f.df = Ok(format!(
-            "/dev/nvme0n1p2 3000000000 1000000000 {} 34% /",
-            500 * 1024 * 1024
-        ));
+        f.disks = vec![DiskFacts {
+            dir: "/data/spark-deploy".into(),
+            df: Ok(format!(
+                "/dev/nvme0n1p2 3000000000 1000000000 {} 34% /",
+                500 * 1024 * 1024
+            )),
+            missing: Vec::new(),
+        }];
         f.route = Some(Ok(format!(
             "{peer} dev enp1s0f1np1 src {me} uid 1000 \\    cache "
         )));
@@ -791,31 +803,53 @@ mod tests {
     fn disk_need_from_what_is_missing_above_free_space_fails() {
         let (a, b) = pair();
         let mut h = healthy(0, &a);
-        h.df = Ok(format!(
-            "/dev/nvme0n1p2 3000000 1000000 {} 34% /\n",
-            60 * 1024 * 1024
-        ));
-        h.missing = vec![
-            Missing {
-                what: "rank file 0".into(),
-                bytes: RANK_WEIGHT_BYTES,
+        let df = |mount: &str, gib_free: u64| {
+            Ok(format!(
+                "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/x 3000000 1000000 {} 34% {mount}\n",
+                gib_free * 1024 * 1024
+            ))
+        };
+        h.disks = vec![
+            DiskFacts {
+                dir: "/data/spark-deploy".into(),
+                df: df("/", 60),
+                missing: vec![Missing {
+                    what: "rank file 0".into(),
+                    bytes: RANK_WEIGHT_BYTES,
+                }],
             },
-            Missing {
-                what: "checkpoint: model-00007.safetensors".into(),
-                bytes: 5 * GIB,
+            DiskFacts {
+                dir: "/root/.cache/huggingface".into(),
+                df: df("/", 60),
+                missing: vec![Missing {
+                    what: "checkpoint: 1 of 40 shards".into(),
+                    bytes: 5 * GIB,
+                }],
+            },
+            DiskFacts {
+                dir: "/scratch/huggingface".into(),
+                df: df("/scratch", 900),
+                missing: vec![Missing {
+                    what: "overlay".into(),
+                    bytes: 100 * GIB,
+                }],
             },
         ];
         let d = decide(&seed(), &[h, healthy(1, &b)]);
-        let r = row(&d, "disk", "head");
+        let rows: Vec<&CheckResult> = d
+            .results
+            .iter()
+            .filter(|r| r.check == "disk" && r.node == "head")
+            .collect();
+        assert_eq!(rows.len(), 2, "one row per filesystem: {rows:#?}");
+        let r = rows[0];
         assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
-        assert!(
-            r.observed.contains("need 103.7 GiB (rank file 0 98.7 GiB + checkpoint: model-00007.safetensors 5.0 GiB), 60.0 GiB free"),
-            "{r:?}"
+        assert_eq!(
+            r.observed,
+            "need 103.7 GiB (rank file 0 98.7 GiB + checkpoint: 1 of 40 shards 5.0 GiB), 60.0 GiB free on / (/data/spark-deploy, /root/.cache/huggingface)"
         );
-        assert!(
-            remedy(r).contains("free 43.7 GiB under /data/spark-deploy"),
-            "{r:?}"
-        );
+        assert!(remedy(r).contains("free 43.7 GiB on /"), "{r:?}");
+        assert_eq!(rows[1].verdict, Verdict::Ok, "{:?}", rows[1]);
         // Nothing missing: any free space is enough.
         assert_eq!(row(&d, "disk", "worker-1").verdict, Verdict::Ok);
     }

@@ -10,7 +10,8 @@ use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail};
 use crate::ports::exec::{Cmd, Exec};
 use crate::preflight::decide::{
-    DockerProbe, Missing, NodeFacts, PortProbe, RANK_WEIGHT_BYTES, Settings, decide, error_chain,
+    DiskFacts, DockerProbe, Missing, NodeFacts, PortProbe, RANK_WEIGHT_BYTES, Settings, decide,
+    error_chain,
 };
 use crate::preflight::report::{PreflightReport, Verdict};
 use crate::preflight::roce::{self, Sysfs};
@@ -87,9 +88,9 @@ async fn text(exec: &Exec, cmd: &Cmd) -> Result<String, String> {
         .map_err(|e| error_chain(&e))
 }
 
-/// Expands a leading `~/` on the node, then runs the rest of the script with `$1` the path.
+/// Expands a leading `~` of `$1` on the node (the other arguments kept), then runs the rest.
 const HOME_PATH: &str =
-    r#"case "$1" in "~/"*) set -- "$HOME/${1#\~/}";; "~") set -- "$HOME";; esac; "#;
+    r#"case "$1" in "~/"*|"~") p1="$HOME${1#\~}"; shift; set -- "$p1" "$@";; esac; "#;
 
 /// Rank files still to build on the head: `world` minus the `rank*of<world>-*.bin` files present,
 /// each estimated at [`RANK_WEIGHT_BYTES`] (ENGINE-CONTRACT.md §13.4).
@@ -110,12 +111,59 @@ fn missing_rank_files(listing: &str, world: usize) -> Vec<Missing> {
         .collect()
 }
 
+/// Lists the newest (or the pinned) snapshot of a model in an HF cache: `$1` cache root, `$2` repo
+/// folder, `$3` revision; prints the safetensors index, a marker line, then the snapshot's entries
+/// (complete files only: the HF cache links a file into the snapshot once it is whole).
+const SNAPSHOT_SCRIPT: &str = r#"d="$1/hub/$2/snapshots"; r="$3"
+[ -d "$d" ] || exit 0
+[ -d "$d/$r" ] || r=$(ls -1t "$d" 2>/dev/null | head -1)
+[ -n "$r" ] || exit 0
+cat "$d/$r/model.safetensors.index.json" 2>/dev/null
+printf '\n@@FILES@@\n'
+ls -1 "$d/$r""#;
+
+/// Checkpoint bytes still to download, from [`SNAPSHOT_SCRIPT`]'s output: the shards the index
+/// lists that the snapshot lacks, pro rata of the index's `total_size`. Without a cached index the
+/// whole checkpoint is missing, estimated as the rank files together (`world` ×
+/// [`RANK_WEIGHT_BYTES`], ENGINE-CONTRACT.md §13.4: the rank files split the checkpoint's weights).
+fn missing_checkpoint(out: &str, world: usize) -> Vec<Missing> {
+    let whole = || {
+        vec![Missing {
+            what: "checkpoint (not cached; estimated as the rank files together)".into(),
+            bytes: RANK_WEIGHT_BYTES * world as u64,
+        }]
+    };
+    let Some((index, files)) = out.split_once("@@FILES@@") else {
+        return whole();
+    };
+    let Ok(index) = serde_json::from_str::<serde_json::Value>(index.trim()) else {
+        return whole();
+    };
+    let shards: std::collections::BTreeSet<&str> = index["weight_map"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    let total = index["metadata"]["total_size"].as_u64();
+    let (Some(total), false) = (total, shards.is_empty()) else {
+        return whole();
+    };
+    let present: std::collections::BTreeSet<&str> = files.split_whitespace().collect();
+    let missing = shards.iter().filter(|s| !present.contains(*s)).count();
+    if missing == 0 {
+        return Vec::new();
+    }
+    vec![Missing {
+        what: format!("checkpoint: {missing} of {} shards", shards.len()),
+        bytes: total / shards.len() as u64 * missing as u64,
+    }]
+}
+
 /// Collects the raw facts of node `index` (no decisions: see [`decide`]).
 async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFacts {
     let c = ctx.config().config();
     let node = &c.nodes[index];
     let testbed = c.deployment.testbed;
-    let mut f = NodeFacts::new(&node.name, index, &node.ssh, &node.data_dir);
+    let mut f = NodeFacts::new(&node.name, index, &node.ssh);
     f.fabric_addr = node.fabric_addr;
     f.peer = peer;
     let exec = match ctx.exec(index).await {
@@ -152,7 +200,7 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
         .await
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .map_err(|e| error_chain(&e));
-    f.df = text(
+    let df = text(
         exec,
         &Cmd::shell(format!(
             "{HOME_PATH}mkdir -p -- \"$1\" && df -Pk -- \"$1\" | tail -1"
@@ -160,7 +208,13 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
         .args(["sh", &node.data_dir]),
     )
     .await;
+    let mut data = DiskFacts {
+        dir: node.data_dir.clone(),
+        df,
+        missing: Vec::new(),
+    };
     if !testbed && index == 0 {
+        let world = c.nodes.len();
         let inputs = NodeLayout::of(ctx.config(), node).inputs_dir;
         let listing = text(
             exec,
@@ -171,7 +225,36 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
         )
         .await
         .unwrap_or_default();
-        f.missing = missing_rank_files(&listing, c.nodes.len());
+        data.missing = missing_rank_files(&listing, world);
+        f.disks.push(data);
+        let cache = &c.hub.cache;
+        let snapshot = text(
+            exec,
+            &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SCRIPT}")).args([
+                "sh",
+                cache,
+                &crate::layout::repo_folder(&c.model.id),
+                &c.model.revision,
+            ]),
+        )
+        .await
+        .unwrap_or_default();
+        // df of the cache root or its nearest existing parent (preflight creates nothing there).
+        let df = text(
+            exec,
+            &Cmd::shell(format!(
+                "{HOME_PATH}p=\"$1\"; while [ ! -e \"$p\" ]; do p=$(dirname -- \"$p\"); done; df -Pk -- \"$p\" | tail -1"
+            ))
+            .args(["sh", cache]),
+        )
+        .await;
+        f.disks.push(DiskFacts {
+            dir: cache.clone(),
+            df,
+            missing: missing_checkpoint(&snapshot, world),
+        });
+    } else {
+        f.disks.push(data);
     }
     if let Some(peer) = peer {
         let route = text(
@@ -305,6 +388,66 @@ mod tests {
         assert_eq!(m[0].what, "rank file 1");
         assert_eq!(m[0].bytes, RANK_WEIGHT_BYTES);
         assert_eq!(missing_rank_files("", 2).len(), 2);
+    }
+
+    #[test]
+    fn missing_checkpoint_counts_the_shards_not_in_the_snapshot() {
+        let index = r#"{"metadata": {"total_size": 400}, "weight_map": {
+            "a.w": "model-00001-of-00004.safetensors", "b.w": "model-00002-of-00004.safetensors",
+            "c.w": "model-00003-of-00004.safetensors", "d.w": "model-00004-of-00004.safetensors",
+            "e.w": "model-00004-of-00004.safetensors"}}"#;
+        let out = format!(
+            "{index}\n@@FILES@@\nconfig.json\nmodel-00001-of-00004.safetensors\nmodel-00003-of-00004.safetensors\nmodel.safetensors.index.json\n"
+        );
+        let m = missing_checkpoint(&out, 2);
+        assert_eq!(
+            m,
+            [Missing {
+                what: "checkpoint: 2 of 4 shards".into(),
+                bytes: 200
+            }]
+        );
+        let all = format!(
+            "{index}\n@@FILES@@\nmodel-00001-of-00004.safetensors\nmodel-00002-of-00004.safetensors\nmodel-00003-of-00004.safetensors\nmodel-00004-of-00004.safetensors\n"
+        );
+        assert!(missing_checkpoint(&all, 2).is_empty());
+        // Nothing cached (or no index yet): the whole checkpoint, estimated.
+        for out in ["", "\n@@FILES@@\nconfig.json\n"] {
+            let m = missing_checkpoint(out, 2);
+            assert_eq!(m.len(), 1);
+            assert_eq!(m[0].bytes, 2 * RANK_WEIGHT_BYTES);
+        }
+    }
+
+    #[test]
+    fn the_snapshot_script_reads_a_real_cache_layout() {
+        let t = tempfile::tempdir().unwrap();
+        let snap = t.path().join("hub/models--o--m/snapshots/0123abcd");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::write(
+            snap.join("model.safetensors.index.json"),
+            r#"{"metadata": {"total_size": 90}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s3.safetensors"}}"#,
+        )
+        .unwrap();
+        std::fs::write(snap.join("s2.safetensors"), b"x").unwrap();
+        let run = |cache: &str, rev: &str| {
+            let o = std::process::Command::new("sh")
+                .args(["-c", &format!("{HOME_PATH}{SNAPSHOT_SCRIPT}")])
+                .args(["sh", cache, "models--o--m", rev])
+                .output()
+                .unwrap();
+            assert!(o.status.success());
+            String::from_utf8(o.stdout).unwrap()
+        };
+        let cache = t.path().to_str().unwrap();
+        for rev in ["main", "0123abcd"] {
+            let m = missing_checkpoint(&run(cache, rev), 2);
+            assert_eq!(m[0].what, "checkpoint: 2 of 3 shards", "{rev}");
+            assert_eq!(m[0].bytes, 60);
+        }
+        let empty = t.path().join("elsewhere");
+        let m = missing_checkpoint(&run(empty.to_str().unwrap(), "main"), 2);
+        assert_eq!(m[0].bytes, 2 * RANK_WEIGHT_BYTES);
     }
 
     #[test]
