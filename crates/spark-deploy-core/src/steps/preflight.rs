@@ -158,6 +158,26 @@ fn missing_checkpoint(out: &str, world: usize) -> Vec<Missing> {
     }]
 }
 
+/// How long preflight waits for `MemAvailable` to reach the floor, and how often it looks.
+const MEM_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+const MEM_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn read_meminfo(exec: &Exec) -> Result<String, String> {
+    exec.read_file(Path::new("/proc/meminfo"))
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .map_err(|e| error_chain(&e))
+}
+
+/// `MemAvailable` when it is readable and below `floor` (worth waiting for).
+fn below_floor(meminfo: &Result<String, String>, floor: u64) -> Option<u64> {
+    meminfo
+        .as_ref()
+        .ok()
+        .and_then(|m| crate::preflight::meminfo::mem_available(m))
+        .filter(|a| *a < floor)
+}
+
 /// Collects the raw facts of node `index` (no decisions: see [`decide`]).
 async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFacts {
     let c = ctx.config().config();
@@ -195,11 +215,34 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
     if !testbed {
         f.smi = Some(text(exec, &Cmd::new("nvidia-smi").args(["-q", "-d", "CLOCK"])).await);
     }
-    f.meminfo = exec
-        .read_file(Path::new("/proc/meminfo"))
-        .await
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .map_err(|e| error_chain(&e));
+    f.meminfo = read_meminfo(exec).await;
+    if !testbed {
+        // Page cache may still be dropping: wait for the floor, printing the value
+        // (ENGINE-CONTRACT.md §13.7, the recipes' memwait).
+        let floor = u64::from(c.lifecycle.min_avail_gib) << 30;
+        let started = std::time::Instant::now();
+        while let Some(avail) = below_floor(&f.meminfo, floor) {
+            if started.elapsed() >= MEM_WAIT || ctx.is_cancelled() {
+                break;
+            }
+            ctx.log(
+                StepKind::Preflight,
+                Some(&node.name),
+                Level::Info,
+                format!(
+                    "MemAvailable {:.1} GiB, waiting up to {} s for {} GiB (page cache may be dropping)",
+                    avail as f64 / f64::from(1u32 << 30),
+                    MEM_WAIT.saturating_sub(started.elapsed()).as_secs(),
+                    c.lifecycle.min_avail_gib
+                ),
+            );
+            tokio::select! {
+                () = tokio::time::sleep(MEM_POLL) => {}
+                () = ctx.cancelled() => break,
+            }
+            f.meminfo = read_meminfo(exec).await;
+        }
+    }
     let df = text(
         exec,
         &Cmd::shell(format!(
@@ -448,6 +491,15 @@ mod tests {
         let empty = t.path().join("elsewhere");
         let m = missing_checkpoint(&run(empty.to_str().unwrap(), "main"), 2);
         assert_eq!(m[0].bytes, 2 * RANK_WEIGHT_BYTES);
+    }
+
+    #[test]
+    fn only_a_readable_value_below_the_floor_is_waited_for() {
+        let m = Ok("MemAvailable: 1048576 kB\n".to_owned());
+        assert_eq!(below_floor(&m, 2 << 30), Some(1 << 30));
+        assert_eq!(below_floor(&m, 1 << 30), None);
+        assert_eq!(below_floor(&Err("x".into()), 2 << 30), None);
+        assert_eq!(below_floor(&Ok("MemTotal: 5 kB".into()), 2 << 30), None);
     }
 
     #[test]
