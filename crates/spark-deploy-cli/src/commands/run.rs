@@ -79,10 +79,23 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
     match result {
         Ok(report) => {
             if global.json {
-                render::out(&serde_json::json!({ "report": report }).to_string());
+                let mut out = serde_json::json!({ "report": report });
+                if let Some(p) = ctx.preflight_report() {
+                    out["preflight"] = serde_json::json!(p);
+                }
+                render::out(&out.to_string());
             }
             Ok(())
         }
-        Err(e) => Err(failure(&e)),
+        Err(e) => {
+            // A failed preflight's table is data too: on stdout with --json, exit code 4 as before.
+            if global.json
+                && e.failure.step == StepKind::Preflight
+                && let Some(p) = ctx.preflight_report()
+            {
+                render::out(&serde_json::json!({ "preflight": p }).to_string());
+            }
+            Err(failure(&e))
+        }
     }
 }

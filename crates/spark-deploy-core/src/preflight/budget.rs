@@ -8,15 +8,16 @@ const GIB: u64 = 1 << 30;
 /// Bytes one rank needs at `pool` positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RankBudget {
-    /// The rank weight file's bytes.
+    /// The rank weight file's bytes (ENGINE-CONTRACT.md §13.4; the server counts the file size, §13.6).
     pub weights: u64,
-    /// Device arena: `2 + ceil(7 · pool / 2^19)` GiB.
+    /// Device arena: `2 + ceil(7 · pool / 2^19)` GiB (ENGINE-CONTRACT.md §13.2 `defaultArenaGib`).
     pub arena: u64,
-    /// KV cache, replicated on every rank: ~890 B per position.
+    /// KV cache, replicated on every rank: ~890 B per position of the pool that all PARALLEL
+    /// streams share (ENGINE-CONTRACT.md §13.3, §13.1).
     pub kv: u64,
-    /// RoPE tables on the device: `4 × (pool + 49) × 128` B.
+    /// RoPE tables on the device: `4 × (pool + 49) × 128` B (ENGINE-CONTRACT.md §13.3).
     pub rope: u64,
-    /// Headroom kept free.
+    /// Headroom kept free (see `decide::RESERVE_BYTES`, ENGINE-CONTRACT.md §13.5–§13.7).
     pub reserve: u64,
 }
 

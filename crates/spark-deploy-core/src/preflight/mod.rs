@@ -4,6 +4,7 @@
 
 pub mod budget;
 pub mod clocks;
+pub mod decide;
 pub mod meminfo;
 pub mod report;
 pub mod roce;

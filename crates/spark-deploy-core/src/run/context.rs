@@ -14,6 +14,7 @@ use crate::plan::StepKind;
 use crate::ports::docker::{DockerError, DockerNode};
 use crate::ports::exec::{Exec, ExecError};
 use crate::ports::{NodeTarget, SshTarget};
+use crate::preflight::report::PreflightReport;
 
 /// The node target a config entry describes (`~` already expanded by validation).
 #[must_use]
@@ -54,6 +55,7 @@ pub struct Context {
     cancel_tx: watch::Sender<bool>,
     started: Mutex<Vec<(usize, String)>>,
     already_running: std::sync::atomic::AtomicBool,
+    preflight: Mutex<Option<PreflightReport>>,
 }
 
 impl Context {
@@ -91,6 +93,7 @@ impl Context {
             cancel_tx,
             started: Mutex::new(Vec::new()),
             already_running: std::sync::atomic::AtomicBool::new(false),
+            preflight: Mutex::new(None),
         }
     }
 
@@ -161,6 +164,23 @@ impl Context {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&mut guard);
+    }
+
+    /// The table of the last preflight this run made (passed or failed), if any.
+    #[must_use]
+    pub fn preflight_report(&self) -> Option<PreflightReport> {
+        self.preflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the preflight table (`spark-deploy preflight --json` prints it).
+    pub fn set_preflight_report(&self, report: PreflightReport) {
+        *self
+            .preflight
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(report);
     }
 
     /// Records a rank container this run started on node `index`.

@@ -9,10 +9,13 @@ use crate::layout::NodeLayout;
 use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail};
 use crate::ports::exec::{Cmd, Exec};
-use crate::preflight::report::{CheckResult, PreflightReport, Verdict};
-use crate::preflight::roce::{self, Route};
+use crate::preflight::decide::{
+    DiskFacts, DockerProbe, Missing, NodeFacts, PortProbe, RANK_WEIGHT_BYTES, Settings, decide,
+    error_chain,
+};
+use crate::preflight::report::{PreflightReport, Verdict};
+use crate::preflight::roce::{self, Sysfs};
 use crate::preflight::sysfs_dump::{self, SysfsDump};
-use crate::preflight::{budget, clocks, meminfo, smi};
 use crate::run::{Context, Outcome, StepFailure};
 
 /// Checks every node before anything changes: SSH, Docker, GPU and clocks, memory, disk, fabric,
@@ -77,274 +80,253 @@ pub struct PreflightFailed {
     pub report: PreflightReport,
 }
 
-/// Rank weights assumed by the memory budget before the rank file exists (ENGINE-CONTRACT.md §13.4).
-const REAL_RANK_BYTES: u64 = 106_000_000_000;
-const GIB: u64 = 1 << 30;
-
-/// Facts of one node gathered by [`gather`].
-struct NodeFindings {
-    results: Vec<CheckResult>,
-    gpus: Vec<smi::GpuClocks>,
-    route: Option<Route>,
-    roce: Option<roce::RoceFacts>,
-    infiniband: bool,
-}
-
+/// A command's stdout as text; its error chain on failure.
 async fn text(exec: &Exec, cmd: &Cmd) -> Result<String, String> {
     exec.run(cmd)
         .await
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .map_err(|e| e.to_string())
+        .map_err(|e| error_chain(&e))
 }
 
-async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFindings {
+/// Expands a leading `~` of `$1` on the node (the other arguments kept), then runs the rest.
+const HOME_PATH: &str =
+    r#"case "$1" in "~/"*|"~") p1="$HOME${1#\~}"; shift; set -- "$p1" "$@";; esac; "#;
+
+/// Rank files still to build on the head: `world` minus the `rank*of<world>-*.bin` files present,
+/// each estimated at [`RANK_WEIGHT_BYTES`] (ENGINE-CONTRACT.md §13.4).
+fn missing_rank_files(listing: &str, world: usize) -> Vec<Missing> {
+    (0..world)
+        .filter(|r| {
+            let prefix = format!("rank{r}of{world}-");
+            !listing.split_whitespace().any(|f| {
+                f.rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".bin"))
+            })
+        })
+        .map(|r| Missing {
+            what: format!("rank file {r}"),
+            bytes: RANK_WEIGHT_BYTES,
+        })
+        .collect()
+}
+
+/// Lists the newest (or the pinned) snapshot of a model in an HF cache: `$1` cache root, `$2` repo
+/// folder, `$3` revision; prints the safetensors index, a marker line, then the snapshot's entries
+/// (complete files only: the HF cache links a file into the snapshot once it is whole).
+const SNAPSHOT_SCRIPT: &str = r#"d="$1/hub/$2/snapshots"; r="$3"
+[ -d "$d" ] || exit 0
+[ -d "$d/$r" ] || r=$(ls -1t "$d" 2>/dev/null | head -1)
+[ -n "$r" ] || exit 0
+cat "$d/$r/model.safetensors.index.json" 2>/dev/null
+printf '\n@@FILES@@\n'
+ls -1 "$d/$r""#;
+
+/// Checkpoint bytes still to download, from [`SNAPSHOT_SCRIPT`]'s output: the shards the index
+/// lists that the snapshot lacks, pro rata of the index's `total_size`. Without a cached index the
+/// whole checkpoint is missing, estimated as the rank files together (`world` ×
+/// [`RANK_WEIGHT_BYTES`], ENGINE-CONTRACT.md §13.4: the rank files split the checkpoint's weights).
+fn missing_checkpoint(out: &str, world: usize) -> Vec<Missing> {
+    let whole = || {
+        vec![Missing {
+            what: "checkpoint (not cached; estimated as the rank files together)".into(),
+            bytes: RANK_WEIGHT_BYTES * world as u64,
+        }]
+    };
+    let Some((index, files)) = out.split_once("@@FILES@@") else {
+        return whole();
+    };
+    let Ok(index) = serde_json::from_str::<serde_json::Value>(index.trim()) else {
+        return whole();
+    };
+    let shards: std::collections::BTreeSet<&str> = index["weight_map"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    let total = index["metadata"]["total_size"].as_u64();
+    let (Some(total), false) = (total, shards.is_empty()) else {
+        return whole();
+    };
+    let present: std::collections::BTreeSet<&str> = files.split_whitespace().collect();
+    let missing = shards.iter().filter(|s| !present.contains(*s)).count();
+    if missing == 0 {
+        return Vec::new();
+    }
+    vec![Missing {
+        what: format!("checkpoint: {missing} of {} shards", shards.len()),
+        bytes: total / shards.len() as u64 * missing as u64,
+    }]
+}
+
+/// How long preflight waits for `MemAvailable` to reach the floor, and how often it looks.
+const MEM_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+const MEM_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn read_meminfo(exec: &Exec) -> Result<String, String> {
+    exec.read_file(Path::new("/proc/meminfo"))
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .map_err(|e| error_chain(&e))
+}
+
+/// `MemAvailable` when it is readable and below `floor` (worth waiting for).
+fn below_floor(meminfo: &Result<String, String>, floor: u64) -> Option<u64> {
+    meminfo
+        .as_ref()
+        .ok()
+        .and_then(|m| crate::preflight::meminfo::mem_available(m))
+        .filter(|a| *a < floor)
+}
+
+/// Collects the raw facts of node `index` (no decisions: see [`decide`]).
+async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFacts {
     let c = ctx.config().config();
     let node = &c.nodes[index];
-    let n = node.name.as_str();
     let testbed = c.deployment.testbed;
-    let mut f = NodeFindings {
-        results: Vec::new(),
-        gpus: Vec::new(),
-        route: None,
-        roce: None,
-        infiniband: false,
-    };
+    let mut f = NodeFacts::new(&node.name, index, &node.ssh);
+    f.fabric_addr = node.fabric_addr;
+    f.peer = peer;
     let exec = match ctx.exec(index).await {
         Ok(e) => e,
         Err(e) => {
-            f.results.push(CheckResult::fail(
-                "ssh",
-                n,
-                e.to_string(),
-                format!(
-                    "check `ssh -o BatchMode=yes {}` works with the configured key and known_hosts",
-                    node.ssh
-                ),
-            ));
+            f.reach = Err(error_chain(&e));
             return f;
         }
     };
-    match exec.run(&Cmd::new("true")).await {
-        Ok(_) => f.results.push(CheckResult::ok(
-            if index == 0 { "exec" } else { "ssh" },
-            n,
-            if index == 0 {
-                "local".to_owned()
-            } else {
-                format!("BatchMode login to {} with host key checking", node.ssh)
-            },
-        )),
-        Err(e) => f.results.push(CheckResult::fail(
-            "ssh",
-            n,
-            e.to_string(),
-            "fix SSH access before anything else",
-        )),
+    f.reach = exec
+        .run(&Cmd::new("true"))
+        .await
+        .map(|_| ())
+        .map_err(|e| error_chain(&e));
+    if f.reach.is_err() {
+        return f;
     }
-    let sudo = exec
+    f.sudo = exec
         .output(&Cmd::new("sudo").args(["-n", "true"]))
         .await
         .is_ok_and(|o| o.status.success());
-    f.results.push(if sudo {
-        CheckResult::ok("sudo", n, "sudo -n available")
-    } else {
-        CheckResult::ok("sudo", n, "no passwordless sudo: non-sudo paths are used")
-    });
-    match ctx.docker(index).await {
+    f.docker = match ctx.docker(index).await {
         Ok(d) => match d.ping().await {
-            Ok(()) => f
-                .results
-                .push(CheckResult::ok("docker", n, "daemon reachable")),
-            Err(e) => f.results.push(CheckResult::fail(
-                "docker",
-                n,
-                e.to_string(),
-                "start the Docker daemon and add the user to the docker group",
-            )),
+            Ok(()) => DockerProbe::Reachable,
+            Err(e) => DockerProbe::PingFailed(error_chain(&e)),
         },
-        Err(e) => f.results.push(CheckResult::fail(
-            "docker",
-            n,
-            e.to_string(),
-            "the Docker socket must be reachable (through SSH for workers)",
-        )),
+        Err(e) => DockerProbe::Unreachable(error_chain(&e)),
+    };
+    if !testbed {
+        f.smi = Some(text(exec, &Cmd::new("nvidia-smi").args(["-q", "-d", "CLOCK"])).await);
     }
-    // GPU clocks.
-    if testbed {
-        f.results
-            .push(CheckResult::ok("gpu", n, "testbed: no GPU required"));
-    } else {
-        match text(exec, &Cmd::new("nvidia-smi").args(["-q", "-d", "CLOCK"])).await {
-            Ok(t) => f.gpus = smi::parse_clocks(&t),
-            Err(e) => f.results.push(CheckResult::fail(
-                "gpu",
-                n,
-                e,
-                "install the NVIDIA driver; `nvidia-smi` must work on every node",
-            )),
-        }
-    }
-    // Memory.
-    let minimum = u64::from(c.lifecycle.min_avail_gib) * GIB;
-    match exec
-        .read_file(Path::new("/proc/meminfo"))
-        .await
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-    {
-        Ok(m) => match meminfo::mem_available(&m) {
-            Some(avail) => {
-                let shown = format!("MemAvailable {:.1} GiB", avail as f64 / GIB as f64);
-                f.results.push(if testbed || avail >= minimum {
-                    CheckResult::ok("memory.available", n, shown)
-                } else {
-                    CheckResult::fail("memory.available", n, shown, format!("free memory to reach {} GiB: stop other GPU work, `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`", c.lifecycle.min_avail_gib))
-                });
-                let weights = if testbed { 0 } else { REAL_RANK_BYTES };
-                let b = budget::RankBudget::new(weights, c.serving.context, 2 * GIB);
-                let need = format!(
-                    "budget {:.1} GiB (weights + arena + KV + RoPE + 2 GiB) for context {}",
-                    b.total() as f64 / GIB as f64,
-                    c.serving.context
-                );
-                if testbed || b.total() <= avail {
-                    f.results.push(CheckResult::ok("memory.budget", n, need));
-                } else {
-                    let remedy = budget::largest_pool(
-                        weights,
-                        2 * GIB,
-                        avail,
-                        ctx.config().limits().max_pool,
-                    )
-                    .map_or_else(
-                        || "no context fits this node's available memory".to_owned(),
-                        |p| format!("set CONTEXT ≤ {p} (the largest pool that fits)"),
-                    );
-                    f.results
-                        .push(CheckResult::fail("memory.budget", n, need, remedy));
-                }
+    f.meminfo = read_meminfo(exec).await;
+    if !testbed {
+        // Page cache may still be dropping: wait for the floor, printing the value
+        // (ENGINE-CONTRACT.md §13.7, the recipes' memwait).
+        let floor = u64::from(c.lifecycle.min_avail_gib) << 30;
+        let started = std::time::Instant::now();
+        while let Some(avail) = below_floor(&f.meminfo, floor) {
+            if started.elapsed() >= MEM_WAIT || ctx.is_cancelled() {
+                break;
             }
-            None => f.results.push(CheckResult::fail(
-                "memory.available",
-                n,
-                "no MemAvailable in /proc/meminfo",
-                "a Linux kernel ≥ 3.14 reports it",
-            )),
-        },
-        Err(e) => f.results.push(CheckResult::fail(
-            "memory.available",
-            n,
-            e.to_string(),
-            "/proc/meminfo must be readable",
-        )),
-    }
-    // Disk under the data directory.
-    let data_dir = &node.data_dir;
-    match text(
-        exec,
-        &Cmd::shell("mkdir -p -- \"$1\" && df -Pk -- \"$1\" | tail -1").args(["sh", data_dir]),
-    )
-    .await
-    {
-        Ok(t) => {
-            let avail_kib: u64 = t
-                .split_whitespace()
-                .nth(3)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            f.results.push(CheckResult::ok(
-                "disk",
-                n,
+            ctx.log(
+                StepKind::Preflight,
+                Some(&node.name),
+                Level::Info,
                 format!(
-                    "{:.1} GiB free under {data_dir}",
-                    (avail_kib * 1024) as f64 / GIB as f64
+                    "MemAvailable {:.1} GiB, waiting up to {} s for {} GiB (page cache may be dropping)",
+                    avail as f64 / f64::from(1u32 << 30),
+                    MEM_WAIT.saturating_sub(started.elapsed()).as_secs(),
+                    c.lifecycle.min_avail_gib
                 ),
-            ));
+            );
+            tokio::select! {
+                () = tokio::time::sleep(MEM_POLL) => {}
+                () = ctx.cancelled() => break,
+            }
+            f.meminfo = read_meminfo(exec).await;
         }
-        Err(e) => f.results.push(CheckResult::fail(
-            "disk",
-            n,
-            e,
-            format!("{data_dir} must be creatable by the SSH user"),
-        )),
     }
-    // Fabric.
+    let df = text(
+        exec,
+        &Cmd::shell(format!(
+            "{HOME_PATH}mkdir -p -- \"$1\" && df -Pk -- \"$1\" | tail -1"
+        ))
+        .args(["sh", &node.data_dir]),
+    )
+    .await;
+    let mut data = DiskFacts {
+        dir: node.data_dir.clone(),
+        df,
+        missing: Vec::new(),
+    };
+    if !testbed && index == 0 {
+        let world = c.nodes.len();
+        let inputs = NodeLayout::of(ctx.config(), node).inputs_dir;
+        let listing = text(
+            exec,
+            &Cmd::shell(format!(
+                "{HOME_PATH}ls -1 -- \"$1\"/rank-cache 2>/dev/null; true"
+            ))
+            .args(["sh", &inputs]),
+        )
+        .await
+        .unwrap_or_default();
+        data.missing = missing_rank_files(&listing, world);
+        f.disks.push(data);
+        let cache = &c.hub.cache;
+        let snapshot = text(
+            exec,
+            &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SCRIPT}")).args([
+                "sh",
+                cache,
+                &crate::layout::repo_folder(&c.model.id),
+                &c.model.revision,
+            ]),
+        )
+        .await
+        .unwrap_or_default();
+        // df of the cache root or its nearest existing parent (preflight creates nothing there).
+        let df = text(
+            exec,
+            &Cmd::shell(format!(
+                "{HOME_PATH}p=\"$1\"; while [ ! -e \"$p\" ]; do p=$(dirname -- \"$p\"); done; df -Pk -- \"$p\" | tail -1"
+            ))
+            .args(["sh", cache]),
+        )
+        .await;
+        f.disks.push(DiskFacts {
+            dir: cache.clone(),
+            df,
+            missing: missing_checkpoint(&snapshot, world),
+        });
+    } else {
+        f.disks.push(data);
+    }
     if let Some(peer) = peer {
-        match text(
+        let route = text(
             exec,
             &Cmd::new("ip").args(["-o", "-4", "route", "get", &peer.to_string()]),
         )
-        .await
-        .map(|t| roce::parse_route(&t))
-        {
-            Ok(Some(route)) => {
-                let expected = node.fabric_addr;
-                if expected.is_some_and(|a| a != route.src) {
-                    f.results.push(CheckResult::fail("fabric.addr", n, format!("route to {peer} leaves from {} via {}", route.src, route.dev), format!("nodes[{index}].fabric_addr is {}: the fabric address must be local to the fabric netdev (management and fabric addresses mixed up?)", expected.unwrap_or(route.src))));
-                } else {
-                    f.results.push(CheckResult::ok(
-                        "fabric.addr",
-                        n,
-                        format!("{} on {} reaches {peer}", route.src, route.dev),
-                    ));
-                }
-                if !testbed {
-                    let dump = text(exec, &Cmd::shell(sysfs_dump::SCRIPT))
+        .await;
+        if let Some(r) = route.as_ref().ok().and_then(|t| roce::parse_route(t)) {
+            f.mtu = Some(
+                text(
+                    exec,
+                    &Cmd::new("cat").arg(format!("/sys/class/net/{}/mtu", r.dev)),
+                )
+                .await,
+            );
+            if !testbed {
+                f.sysfs = Some(
+                    text(exec, &Cmd::shell(sysfs_dump::SCRIPT))
                         .await
-                        .map(|t| SysfsDump::parse(&t));
-                    match dump
-                        .map_err(|e| e.clone())
-                        .and_then(|d| roce::detect(&d, &route).map_err(|e| e.to_string()))
-                    {
-                        Ok(r) => {
-                            for w in &r.warnings {
-                                f.results.push(CheckResult::warn(
-                                    "fabric.roce",
-                                    n,
-                                    format!("{} GID {}", r.devices.join(","), r.gid_index),
-                                    w.clone(),
-                                ));
-                            }
-                            f.results.push(CheckResult::ok(
-                                "fabric.roce",
-                                n,
-                                format!(
-                                    "{} ACTIVE, RoCE v2 GID index {}",
-                                    r.devices.join(","),
-                                    r.gid_index
-                                ),
-                            ));
-                            f.roce = Some(r);
-                        }
-                        Err(e) => f.results.push(CheckResult::fail(
-                            "fabric.roce",
-                            n,
-                            e,
-                            "see the message",
-                        )),
-                    }
-                }
-                f.route = Some(route);
+                        .map(|t| Box::new(SysfsDump::parse(&t)) as Box<dyn Sysfs + Send + Sync>),
+                );
             }
-            Ok(None) | Err(_) => f.results.push(CheckResult::fail(
-                "fabric.route",
-                n,
-                format!("no route to {peer}"),
-                "connect the fabric link and configure its address",
-            )),
         }
-    } else {
-        f.results.push(CheckResult::fail(
-            "fabric.addr",
-            n,
-            "the peer's fabric address is unknown",
-            "set nodes[1].fabric_addr (FABRIC_PEER) to the worker's ConnectX-7 address",
-        ));
+        f.route = Some(route);
     }
     f.infiniband = exec
         .path_exists(Path::new("/dev/infiniband"))
         .await
         .unwrap_or(false);
-    let _ = NodeLayout::of(ctx.config(), node);
     f
 }
 
@@ -367,23 +349,10 @@ impl Preflight {
                 }
             })
             .collect();
-        let findings =
+        let mut facts =
             futures::future::join_all((0..c.nodes.len()).map(|i| gather(ctx, i, peers[i]))).await;
-        let mut report = PreflightReport::default();
-        for f in &findings {
-            report.results.extend(f.results.iter().cloned());
-        }
-        if !c.deployment.testbed {
-            let gpus: Vec<(String, Vec<smi::GpuClocks>)> = c
-                .nodes
-                .iter()
-                .zip(&findings)
-                .map(|(n, f)| (n.name.clone(), f.gpus.clone()))
-                .collect();
-            report.results.extend(clocks::compare(&gpus));
-        }
-        let head_addr = findings[0].route.as_ref().map(|r| r.src);
         let api = format!("{}:{}", c.serving.host, c.serving.port);
+        // A port held by this deployment's own running rank 0 is not a conflict (second `up`).
         let ours = match ctx.docker(0).await {
             Ok(d) => d
                 .inspect_container(&crate::engine::tensorfold::launch::container_name(
@@ -398,22 +367,31 @@ impl Preflight {
                 .unwrap_or(false),
             Err(_) => false,
         };
-        report.results.push(if ours {
-            CheckResult::ok("port.api", &c.nodes[0].name, format!("{api} served by this deployment's rank 0"))
-        } else if port_free(&api) { CheckResult::ok("port.api", &c.nodes[0].name, format!("{api} free")) } else { CheckResult::fail("port.api", &c.nodes[0].name, format!("{api} in use"), "stop what listens there (`spark-deploy down` if it is an old deployment) or change serving.port") });
-        if let Some(a) = head_addr {
+        let head_src = facts[0]
+            .route
+            .as_ref()
+            .and_then(|r| r.as_ref().ok())
+            .and_then(|t| roce::parse_route(t))
+            .map(|r| r.src);
+        facts[0].ports.push(PortProbe {
+            check: "port.api".into(),
+            free: ours || port_free(&api),
+            addr: api,
+            remedy: "stop what listens there (`spark-deploy down` if it is an old deployment) or change serving.port".into(),
+        });
+        if let Some(a) = head_src {
             let rdv = format!("{a}:{}", c.engine.rendezvous_port);
-            report.results.push(if ours || port_free(&rdv) {
-                CheckResult::ok("port.rendezvous", &c.nodes[0].name, format!("{rdv} free"))
-            } else {
-                CheckResult::fail(
-                    "port.rendezvous",
-                    &c.nodes[0].name,
-                    format!("{rdv} in use"),
-                    "stop the old rank 0 or change engine.rendezvous_port",
-                )
+            facts[0].ports.push(PortProbe {
+                check: "port.rendezvous".into(),
+                free: ours || port_free(&rdv),
+                addr: rdv,
+                remedy: "stop the old rank 0 or change engine.rendezvous_port".into(),
             });
         }
+        let decision = decide(&Settings::of(ctx.config()), &facts);
+        let report = PreflightReport {
+            results: decision.results,
+        };
         for r in &report.results {
             let level = match r.verdict {
                 Verdict::Ok => Level::Info,
@@ -431,6 +409,7 @@ impl Preflight {
                 format!("{}: {}{remedy}", r.check, r.observed),
             );
         }
+        ctx.set_preflight_report(report.clone());
         if report.verdict() == Verdict::Fail {
             return Err(StepFailure::new(
                 StepKind::Preflight,
@@ -440,7 +419,7 @@ impl Preflight {
         }
         let testbed = c.deployment.testbed;
         ctx.update_facts(|facts| {
-            for (nf, f) in facts.nodes.iter_mut().zip(&findings) {
+            for (nf, f) in facts.nodes.iter_mut().zip(&decision.detected) {
                 if let Some(r) = &f.route {
                     nf.fabric_addr = r.src.to_string();
                     nf.netdev = r.dev.clone();
@@ -452,5 +431,98 @@ impl Preflight {
             }
         });
         Ok(Outcome::Done { bytes: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_rank_files_counts_what_is_not_built() {
+        let listing = "rank0of2-0123456789abcdef0123.bin\nrank1of4-ffff.bin\nnotes.txt\n";
+        let m = missing_rank_files(listing, 2);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].what, "rank file 1");
+        assert_eq!(m[0].bytes, RANK_WEIGHT_BYTES);
+        assert_eq!(missing_rank_files("", 2).len(), 2);
+    }
+
+    #[test]
+    fn missing_checkpoint_counts_the_shards_not_in_the_snapshot() {
+        let index = r#"{"metadata": {"total_size": 400}, "weight_map": {
+            "a.w": "model-00001-of-00004.safetensors", "b.w": "model-00002-of-00004.safetensors",
+            "c.w": "model-00003-of-00004.safetensors", "d.w": "model-00004-of-00004.safetensors",
+            "e.w": "model-00004-of-00004.safetensors"}}"#;
+        let out = format!(
+            "{index}\n@@FILES@@\nconfig.json\nmodel-00001-of-00004.safetensors\nmodel-00003-of-00004.safetensors\nmodel.safetensors.index.json\n"
+        );
+        let m = missing_checkpoint(&out, 2);
+        assert_eq!(
+            m,
+            [Missing {
+                what: "checkpoint: 2 of 4 shards".into(),
+                bytes: 200
+            }]
+        );
+        let all = format!(
+            "{index}\n@@FILES@@\nmodel-00001-of-00004.safetensors\nmodel-00002-of-00004.safetensors\nmodel-00003-of-00004.safetensors\nmodel-00004-of-00004.safetensors\n"
+        );
+        assert!(missing_checkpoint(&all, 2).is_empty());
+        // Nothing cached (or no index yet): the whole checkpoint, estimated.
+        for out in ["", "\n@@FILES@@\nconfig.json\n"] {
+            let m = missing_checkpoint(out, 2);
+            assert_eq!(m.len(), 1);
+            assert_eq!(m[0].bytes, 2 * RANK_WEIGHT_BYTES);
+        }
+    }
+
+    #[test]
+    fn the_snapshot_script_reads_a_real_cache_layout() {
+        let t = tempfile::tempdir().unwrap();
+        let snap = t.path().join("hub/models--o--m/snapshots/0123abcd");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::write(
+            snap.join("model.safetensors.index.json"),
+            r#"{"metadata": {"total_size": 90}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s3.safetensors"}}"#,
+        )
+        .unwrap();
+        std::fs::write(snap.join("s2.safetensors"), b"x").unwrap();
+        let run = |cache: &str, rev: &str| {
+            let o = std::process::Command::new("sh")
+                .args(["-c", &format!("{HOME_PATH}{SNAPSHOT_SCRIPT}")])
+                .args(["sh", cache, "models--o--m", rev])
+                .output()
+                .unwrap();
+            assert!(o.status.success());
+            String::from_utf8(o.stdout).unwrap()
+        };
+        let cache = t.path().to_str().unwrap();
+        for rev in ["main", "0123abcd"] {
+            let m = missing_checkpoint(&run(cache, rev), 2);
+            assert_eq!(m[0].what, "checkpoint: 2 of 3 shards", "{rev}");
+            assert_eq!(m[0].bytes, 60);
+        }
+        let empty = t.path().join("elsewhere");
+        let m = missing_checkpoint(&run(empty.to_str().unwrap(), "main"), 2);
+        assert_eq!(m[0].bytes, 2 * RANK_WEIGHT_BYTES);
+    }
+
+    #[test]
+    fn only_a_readable_value_below_the_floor_is_waited_for() {
+        let m = Ok("MemAvailable: 1048576 kB\n".to_owned());
+        assert_eq!(below_floor(&m, 2 << 30), Some(1 << 30));
+        assert_eq!(below_floor(&m, 1 << 30), None);
+        assert_eq!(below_floor(&Err("x".into()), 2 << 30), None);
+        assert_eq!(below_floor(&Ok("MemTotal: 5 kB".into()), 2 << 30), None);
+    }
+
+    #[test]
+    fn a_port_in_use_is_seen_on_loopback() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        assert!(!port_free(&addr));
+        drop(l);
+        assert!(port_free(&addr));
     }
 }

@@ -19,7 +19,9 @@ use spark_deploy_testbed::cluster::{self, TestbedOptions};
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn dir_bytes(p: &Path) -> u64 {
-    expand(p, Path::new("/x")).map(|j| j.iter().map(|f| f.size).sum()).unwrap_or(0)
+    expand(p, Path::new("/x"))
+        .map(|j| j.iter().map(|f| f.size).sum())
+        .unwrap_or(0)
 }
 
 fn sync_fs() {
@@ -28,7 +30,10 @@ fn sync_fs() {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> R<()> {
-    let opts = TestbedOptions { install_tools: true, ..TestbedOptions::default() };
+    let opts = TestbedOptions {
+        install_tools: true,
+        ..TestbedOptions::default()
+    };
     let info = cluster::up(&opts).await?;
     let result = bench(&info).await;
     cluster::down(&opts).await?;
@@ -41,7 +46,12 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     let g = generate(&CheckpointSpec::large(3), &src)?;
     let data = g.model_dir.clone();
     let bytes = dir_bytes(&data);
-    println!("payload: {} files, {:.2} GiB ({})", expand(&data, Path::new("/x"))?.len(), bytes as f64 / f64::from(1u32 << 30), data.display());
+    println!(
+        "payload: {} files, {:.2} GiB ({})",
+        expand(&data, Path::new("/x"))?.len(),
+        bytes as f64 / f64::from(1u32 << 30),
+        data.display()
+    );
     let mib = |secs: f64| bytes as f64 / secs / f64::from(1u32 << 20);
 
     // 1. Ours: head file server on the fabric address, worker pulls with curl, sha256 verified.
@@ -50,11 +60,29 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
     let jobs = expand(&data, &dest)?;
     let t = Instant::now();
-    let stats = pull::transfer(&exec, &server, &jobs, &dest.join(".manifest.tsv"), &info.state_dir.join("hashes.tsv"), 4, &|_, _, _| {}).await?;
+    let stats = pull::transfer(
+        &exec,
+        &server,
+        &jobs,
+        &dest.join(".manifest.tsv"),
+        &info.state_dir.join("hashes.tsv"),
+        4,
+        &|_, _, _| {},
+    )
+    .await?;
     sync_fs();
     let ours = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let again = pull::transfer(&exec, &server, &jobs, &dest.join(".manifest.tsv"), &info.state_dir.join("hashes.tsv"), 4, &|_, _, _| {}).await?;
+    let again = pull::transfer(
+        &exec,
+        &server,
+        &jobs,
+        &dest.join(".manifest.tsv"),
+        &info.state_dir.join("hashes.tsv"),
+        4,
+        &|_, _, _| {},
+    )
+    .await?;
     let rerun = t.elapsed().as_secs_f64();
 
     // 2. rsync -a --whole-file over SSH to the worker's fabric address.
@@ -66,7 +94,11 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         w.management_addr
     );
     let t = Instant::now();
-    let st = Command::new("rsync").args(["-a", "--whole-file", "-e", &ssh]).arg(format!("{}/", data.display())).arg(format!("root@{}:{}/", w.fabric_addr, rdest.display())).status()?;
+    let st = Command::new("rsync")
+        .args(["-a", "--whole-file", "-e", &ssh])
+        .arg(format!("{}/", data.display()))
+        .arg(format!("root@{}:{}/", w.fabric_addr, rdest.display()))
+        .status()?;
     sync_fs();
     let rsync = t.elapsed().as_secs_f64();
     if !st.success() {
@@ -76,18 +108,41 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     // 3. Local cp onto the worker's disk directory (same disk).
     let cdest: PathBuf = w.disk_dir.join("bench-cp");
     let t = Instant::now();
-    let st = Command::new("cp").arg("-r").arg(&data).arg(&cdest).status()?;
+    let st = Command::new("cp")
+        .arg("-r")
+        .arg(&data)
+        .arg(&cdest)
+        .status()?;
     sync_fs();
     let cp = t.elapsed().as_secs_f64();
     if !st.success() {
         return Err("cp failed".into());
     }
 
-    println!("ours  : {ours:7.2} s  {:8.1} MiB/s  ({} of {} files sent, sha256 verified on both ends)", mib(ours), stats.sent, stats.files);
-    println!("rsync : {rsync:7.2} s  {:8.1} MiB/s  (-a --whole-file over SSH to {})", mib(rsync), w.fabric_addr);
-    println!("cp    : {cp:7.2} s  {:8.1} MiB/s  (local, same disk)", mib(cp));
-    println!("ratio ours/rsync = {:.2}x   ours/cp = {:.2}x", rsync / ours, cp / ours);
-    println!("up-to-date re-run: {} of {} files sent in {rerun:.2} s", again.sent, again.files);
+    println!(
+        "ours  : {ours:7.2} s  {:8.1} MiB/s  ({} of {} files sent, sha256 verified on both ends)",
+        mib(ours),
+        stats.sent,
+        stats.files
+    );
+    println!(
+        "rsync : {rsync:7.2} s  {:8.1} MiB/s  (-a --whole-file over SSH to {})",
+        mib(rsync),
+        w.fabric_addr
+    );
+    println!(
+        "cp    : {cp:7.2} s  {:8.1} MiB/s  (local, same disk)",
+        mib(cp)
+    );
+    println!(
+        "ratio ours/rsync = {:.2}x   ours/cp = {:.2}x",
+        rsync / ours,
+        cp / ours
+    );
+    println!(
+        "up-to-date re-run: {} of {} files sent in {rerun:.2} s",
+        again.sent, again.files
+    );
     for d in [&dest, &rdest, &cdest, &src] {
         let _ = std::fs::remove_dir_all(d);
     }
