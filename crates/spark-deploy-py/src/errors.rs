@@ -5,6 +5,8 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use spark_deploy_core::config::ConfigError as CoreConfigError;
+use spark_deploy_core::plan::StepKind;
+use spark_deploy_core::run::RunError;
 
 create_exception!(
     spark_deploy,
@@ -17,6 +19,29 @@ create_exception!(
     ConfigError,
     SparkDeployError,
     "The configuration is unreadable or invalid; `.field` names the field."
+);
+
+/// Base of the errors a plan run raises; carries `step`, `error`, `remedy` and `report`.
+macro_rules! step_errors {
+    ($($name:ident => $doc:literal),* $(,)?) => {
+        $(create_exception!(spark_deploy, $name, SparkDeployError, $doc);)*
+        fn register_steps(m: &Bound<'_, PyModule>) -> PyResult<()> {
+            let py = m.py();
+            $(m.add(stringify!($name), py.get_type::<$name>())?;)*
+            Ok(())
+        }
+    };
+}
+
+step_errors!(
+    PreflightError => "A preflight check failed; nothing was changed.",
+    FetchError => "Downloading the checkpoint, Engram shards or kit failed (partial files are kept and resumed).",
+    RankCacheError => "Building a rank's cache failed.",
+    StorageError => "Giving the workers their bytes (NFS volume or copy) failed.",
+    ImageError => "Making the engine image present on every node failed.",
+    LaunchError => "Starting a rank failed; every rank of the deployment was stopped.",
+    SmokeError => "Readiness or the smoke generation failed; every rank was stopped.",
+    StopError => "Stopping a rank failed.",
 );
 
 /// Maps a config error, setting `field`, `problems` and `remedy`.
@@ -38,9 +63,39 @@ pub(crate) fn config_error(e: &CoreConfigError) -> PyErr {
     err
 }
 
+/// The step's name as in events and reports (`fetch_checkpoint`).
+pub(crate) fn step_name(kind: StepKind) -> String {
+    serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| kind.title().to_owned())
+}
+
+/// Maps a failed run to the exception of its failed step, with `step`, `error`, `remedy` and
+/// `report` (the step dicts so far, as a `Report`).
+pub(crate) fn run_error(py: Python<'_>, e: &RunError) -> PyResult<PyErr> {
+    let message = e.failure.to_string();
+    let err = match e.failure.step {
+        StepKind::Preflight => PreflightError::new_err(message),
+        StepKind::FetchCheckpoint => FetchError::new_err(message),
+        StepKind::BuildRankCache => RankCacheError::new_err(message),
+        StepKind::ConfigureWorkerStorage => StorageError::new_err(message),
+        StepKind::BuildImage => ImageError::new_err(message),
+        StepKind::LaunchRank => LaunchError::new_err(message),
+        StepKind::Smoke => SmokeError::new_err(message),
+        StepKind::Stop => StopError::new_err(message),
+    };
+    let value = err.value(py);
+    value.setattr("step", step_name(e.failure.step))?;
+    value.setattr("error", e.failure.chain())?;
+    value.setattr("remedy", e.failure.remedy.clone())?;
+    value.setattr("report", crate::plan::report(py, &e.report)?)?;
+    Ok(err)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("SparkDeployError", py.get_type::<SparkDeployError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
-    Ok(())
+    register_steps(m)
 }

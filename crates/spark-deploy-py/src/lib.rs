@@ -4,25 +4,32 @@
 //! data (dicts, lists, str, int), errors as a `SparkDeployError` hierarchy carrying the Rust
 //! error's fields.
 
+mod deployment;
 mod errors;
+mod events;
+mod plan;
+mod runtime;
+mod testbed;
 
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use spark_deploy_core::config::{self, DeploymentConfig, ValidatedConfig};
-use spark_deploy_core::plan::Plan as CorePlan;
 
 use errors::config_error;
 
 /// Converts a serde value into Python objects through the `json` module.
-fn to_py<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn to_py<'py>(
+    py: Python<'py>,
+    value: &impl serde::Serialize,
+) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(value)
         .map_err(|e| errors::SparkDeployError::new_err(e.to_string()))?;
     py.import("json")?.call_method1("loads", (text,))
 }
 
-fn home() -> PathBuf {
+pub(crate) fn home() -> PathBuf {
     std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from)
 }
 
@@ -31,8 +38,8 @@ fn home() -> PathBuf {
 /// Create one with `Config.load(path)` or `Config.from_dict(d)`; check it with `validate()`.
 #[pyclass(module = "spark_deploy", frozen)]
 #[derive(Clone)]
-struct Config {
-    inner: DeploymentConfig,
+pub(crate) struct Config {
+    pub(crate) inner: DeploymentConfig,
 }
 
 #[pymethods]
@@ -104,48 +111,8 @@ impl Config {
 }
 
 impl Config {
-    fn validated(&self) -> PyResult<ValidatedConfig> {
+    pub(crate) fn validated(&self) -> PyResult<ValidatedConfig> {
         config::validate(self.inner.clone(), &home()).map_err(|e| config_error(&e))
-    }
-}
-
-/// An ordered list of typed steps for one deployment.
-#[pyclass(module = "spark_deploy", frozen)]
-struct Plan {
-    inner: CorePlan,
-}
-
-#[pymethods]
-impl Plan {
-    /// The standard deployment: Preflight, FetchCheckpoint, BuildRankCache, ConfigureWorkerStorage,
-    /// BuildImage, LaunchRank, Smoke.
-    ///
-    /// Raises:
-    ///     ConfigError: when the config does not validate.
-    #[staticmethod]
-    fn standard(config: &Config) -> PyResult<Self> {
-        Ok(Self {
-            inner: CorePlan::standard(&config.validated()?),
-        })
-    }
-
-    /// The plan as plain data: deployment, warnings, nodes and every step's actions per node
-    /// (the same document as ``spark-deploy plan --json``).
-    fn describe<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_py(py, &self.inner.describe())
-    }
-
-    /// Step kinds in order.
-    fn steps(&self) -> Vec<String> {
-        self.inner
-            .steps()
-            .iter()
-            .map(|s| s.kind().title().to_owned())
-            .collect()
-    }
-
-    fn __repr__(&self) -> String {
-        format!("Plan({})", self.steps().join(" -> "))
     }
 }
 
@@ -153,7 +120,12 @@ impl Plan {
 fn spark_deploy(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Config>()?;
-    m.add_class::<Plan>()?;
+    m.add_class::<plan::Plan>()?;
+    m.add_class::<deployment::Deployment>()?;
+    m.add_class::<testbed::Testbed>()?;
+    m.add("Report", plan::helpers(m.py())?.getattr("Report")?)?;
+    m.add_function(wrap_pyfunction!(testbed::testbed_up, m)?)?;
+    m.add_function(wrap_pyfunction!(testbed::testbed_down, m)?)?;
     errors::register(m)?;
     Ok(())
 }

@@ -117,15 +117,28 @@ async fn run_step(step: &Step, ctx: &Context) -> Result<Outcome, StepFailure> {
             None,
         ));
     }
-    match step {
-        Step::Preflight(s) => s.run(ctx).await,
-        Step::FetchCheckpoint(s) => s.run(ctx).await,
-        Step::BuildRankCache(s) => s.run(ctx).await,
-        Step::ConfigureWorkerStorage(s) => s.run(ctx).await,
-        Step::BuildImage(s) => s.run(ctx).await,
-        Step::LaunchRank(s) => s.run(ctx).await,
-        Step::Smoke(s) => s.run(ctx).await,
-        Step::Stop(s) => s.run(ctx).await,
+    let work = async {
+        match step {
+            Step::Preflight(s) => s.run(ctx).await,
+            Step::FetchCheckpoint(s) => s.run(ctx).await,
+            Step::BuildRankCache(s) => s.run(ctx).await,
+            Step::ConfigureWorkerStorage(s) => s.run(ctx).await,
+            Step::BuildImage(s) => s.run(ctx).await,
+            Step::LaunchRank(s) => s.run(ctx).await,
+            Step::Smoke(s) => s.run(ctx).await,
+            Step::Stop(s) => s.run(ctx).await,
+        }
+    };
+    // LaunchRank and Stop always run to their end (bounded) so that the both-or-neither cleanup
+    // sees every container they started; every other step is abandoned at once on cancellation
+    // (its partial state is resumable: downloads and copies keep their partial files, preflight
+    // changes nothing).
+    if matches!(step.kind(), StepKind::LaunchRank | StepKind::Stop) {
+        return work.await;
+    }
+    tokio::select! {
+        r = work => r,
+        () = ctx.cancelled() => Err(StepFailure::new(step.kind(), "cancelled", None)),
     }
 }
 

@@ -1,0 +1,118 @@
+//! Events from the core's sink to Python: a channel the calling thread drains, so callbacks run
+//! on the thread that called `run`, with the GIL, never on a runtime thread.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use spark_deploy_core::event::{Event, EventSink};
+
+/// How often the calling thread wakes up to check for Ctrl-C.
+const POLL: Duration = Duration::from_millis(50);
+
+/// What the runtime sends to the calling thread.
+pub(crate) enum Msg<T> {
+    /// An event for the callback.
+    Event(Event),
+    /// The work ended.
+    Done(T),
+}
+
+/// A sink forwarding events into the channel.
+pub(crate) struct ChannelSink<T>(Mutex<Sender<Msg<T>>>);
+
+impl<T: Send> EventSink for ChannelSink<T> {
+    fn emit(&self, event: Event) {
+        if let Ok(tx) = self.0.lock() {
+            let _ = tx.send(Msg::Event(event));
+        }
+    }
+}
+
+/// A channel and its sink.
+pub(crate) fn channel_sink<T: Send>() -> (ChannelSink<T>, Sender<Msg<T>>, Receiver<Msg<T>>) {
+    let (tx, rx) = channel();
+    (ChannelSink(Mutex::new(tx.clone())), tx, rx)
+}
+
+/// An event as a dict: the JSON line's object (`schema`, `ts_ms`, `event`, the fields).
+pub(crate) fn to_dict<'py>(py: Python<'py>, event: &Event) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?
+        .call_method1("loads", (event.to_json_line(),))
+}
+
+/// Runs the future `make()` builds on the shared runtime while this thread, with the GIL released between
+/// messages, delivers events to `on_event` and checks for signals.
+///
+/// On an exception from a signal handler (KeyboardInterrupt) or from the callback, `cancel` is
+/// called, the work is awaited to its end (events are then dropped), and the exception returned.
+pub(crate) fn drive<T, M, F>(
+    py: Python<'_>,
+    rx: Receiver<Msg<T>>,
+    tx: Sender<Msg<T>>,
+    make: M,
+    on_event: Option<&Bound<'_, PyAny>>,
+    cancel: &dyn Fn(),
+) -> PyResult<T>
+where
+    T: Send + 'static,
+    M: FnOnce() -> F + Send + 'static,
+    F: Future<Output = T>,
+{
+    let rt = crate::runtime::get()?;
+    // The future is built and driven on its own thread (`block_on` on the shared runtime), so
+    // it need not be `Send`; its tasks run on the runtime's workers.
+    std::thread::Builder::new()
+        .name("spark-deploy-run".into())
+        .spawn(move || {
+            let out = rt.block_on(make());
+            let _ = tx.send(Msg::Done(out));
+        })
+        .map_err(|e| crate::errors::SparkDeployError::new_err(e.to_string()))?;
+    let mut pending: Option<PyErr> = None;
+    let mut rx = rx;
+    loop {
+        let block = pending.is_some();
+        let (msg, back) = py.detach(move || {
+            let msg = if block {
+                rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            } else {
+                rx.recv_timeout(POLL)
+            };
+            (msg, rx)
+        });
+        rx = back;
+        match msg {
+            Ok(Msg::Done(out)) => {
+                return match pending {
+                    Some(e) => Err(e),
+                    None => Ok(out),
+                };
+            }
+            Ok(Msg::Event(ev)) => {
+                if pending.is_none()
+                    && let Some(cb) = on_event
+                    && let Err(e) = to_dict(py, &ev).and_then(|d| cb.call1((d,)))
+                {
+                    cancel();
+                    pending = Some(e);
+                    continue;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(pending.unwrap_or_else(|| {
+                    crate::errors::SparkDeployError::new_err("the run ended without a result")
+                }));
+            }
+        }
+        if pending.is_none()
+            && let Err(e) = py.check_signals()
+        {
+            cancel();
+            pending = Some(e);
+        }
+    }
+}
