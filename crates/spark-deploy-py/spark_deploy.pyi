@@ -1,9 +1,13 @@
 """Type stubs for ``spark_deploy``: the spark-deploy plan API from Python."""
 
 from os import PathLike
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeAlias
 
 __version__: str
+
+_Event: TypeAlias = dict[str, Any]
+"""One event as in ``spark-deploy --json``: ``schema``, ``ts_ms``, ``event`` (``started``,
+``progress``, ``log``, ``skipped``, ``finished``, ``failed``), ``step`` and the event's fields."""
 
 class SparkDeployError(Exception):
     """Base class of every spark-deploy error."""
@@ -17,6 +21,51 @@ class ConfigError(SparkDeployError):
     """Every refused field as ``(field, value, allowed)``."""
     remedy: str | None
     """What to do about it."""
+
+class StepError(SparkDeployError):
+    """A step of a plan run failed."""
+
+    step: str
+    """The failed step as in events (``preflight``, ``fetch_checkpoint``, ...)."""
+    error: str
+    """The error chain."""
+    remedy: str | None
+    """What to do about it."""
+    report: Report
+    """The steps up to and including the failed one."""
+
+class PreflightError(StepError):
+    """A preflight check failed; nothing was changed."""
+
+class FetchError(StepError):
+    """Downloading the checkpoint, Engram shards or kit failed (partial files are resumed)."""
+
+class RankCacheError(StepError):
+    """Building a rank's cache failed."""
+
+class StorageError(StepError):
+    """Giving the workers their bytes (NFS volume or copy) failed."""
+
+class ImageError(StepError):
+    """Making the engine image present on every node failed."""
+
+class LaunchError(StepError):
+    """Starting a rank failed; every rank of the deployment was stopped."""
+
+class SmokeError(StepError):
+    """Readiness or the smoke generation failed; every rank was stopped."""
+
+class StopError(StepError):
+    """Stopping a rank failed."""
+
+class Report(list[dict[str, Any]]):
+    """The report of a plan run: one dict per started step (``step``, ``status`` ran/skipped/failed,
+    ``duration_ms``, and when known ``detail`` and ``bytes``)."""
+
+    @property
+    def ok(self) -> bool:
+        """True when no step failed."""
+    def _repr_html_(self) -> str: ...
 
 class Config:
     """A deployment configuration (TOML file + environment overrides)."""
@@ -38,7 +87,55 @@ class Plan:
     @staticmethod
     def standard(config: Config) -> Plan:
         """The standard deployment plan. Raises ConfigError."""
+    @staticmethod
+    def teardown(config: Config) -> Plan:
+        """Stop every rank, rank 0 first, saving logs. Raises ConfigError."""
+    @staticmethod
+    def from_steps(config: Config, steps: list[str]) -> Plan:
+        """A custom plan of the named steps (``"Preflight"``, ``"FetchCheckpoint"``, ...).
+        Raises ConfigError, ValueError."""
     def describe(self) -> dict[str, Any]:
         """The plan as plain data (the document ``spark-deploy plan --json`` prints)."""
     def steps(self) -> list[str]:
         """Step kinds in order."""
+    def run(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """Run every step with the GIL released; events go to ``on_event`` on the calling thread.
+        Raises the failed step's SparkDeployError subclass, or KeyboardInterrupt after a clean
+        cancel."""
+    def _repr_html_(self) -> str: ...
+
+class Deployment:
+    """One deployment described by a config."""
+
+    def __init__(self, config: Config) -> None: ...
+    @property
+    def config(self) -> Config:
+        """The config this deployment was created from."""
+    def plan(self) -> Plan:
+        """The standard plan (nothing runs)."""
+    def up(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """Run the standard plan."""
+    def preflight(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """Check every node; changes nothing. Raises PreflightError."""
+    def stop(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """Stop every rank, rank 0 first, saving logs. Raises StopError."""
+    def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """``stop()`` then ``up()``."""
+
+class Testbed:
+    """A running testbed with its hub and the config that deploys onto it."""
+
+    @property
+    def config(self) -> Config:
+        """The deployment config targeting this testbed."""
+    @property
+    def state_dir(self) -> str:
+        """The testbed's state directory."""
+    def close(self) -> None:
+        """Stop the hub (the containers stay; ``testbed_down()`` removes them)."""
+
+def testbed_up() -> Testbed:
+    """Bring the testbed up, start its hub over the test-scale checkpoint, install the stand-in."""
+
+def testbed_down() -> bool:
+    """Remove everything the testbed created; True when its state directory existed."""

@@ -21,12 +21,20 @@ create_exception!(
     "The configuration is unreadable or invalid; `.field` names the field."
 );
 
-/// Base of the errors a plan run raises; carries `step`, `error`, `remedy` and `report`.
+create_exception!(
+    spark_deploy,
+    StepError,
+    SparkDeployError,
+    "A step of a plan run failed; `.step`, `.error`, `.remedy` and `.report` (the steps so far)."
+);
+
+/// One subclass of `StepError` per step.
 macro_rules! step_errors {
     ($($name:ident => $doc:literal),* $(,)?) => {
-        $(create_exception!(spark_deploy, $name, SparkDeployError, $doc);)*
+        $(create_exception!(spark_deploy, $name, StepError, $doc);)*
         fn register_steps(m: &Bound<'_, PyModule>) -> PyResult<()> {
             let py = m.py();
+            m.add("StepError", py.get_type::<StepError>())?;
             $(m.add(stringify!($name), py.get_type::<$name>())?;)*
             Ok(())
         }
