@@ -1,9 +1,33 @@
 """Type stubs for ``spark_deploy``: the spark-deploy plan API from Python."""
 
 from os import PathLike
-from typing import Any, Callable, Mapping, TypeAlias
+from typing import Any, Callable, Mapping, TypeAlias, final
+
+from typing_extensions import Self
 
 __version__: str
+
+__all__ = [
+    "__version__",
+    "Config",
+    "Plan",
+    "Deployment",
+    "Testbed",
+    "Report",
+    "testbed_up",
+    "testbed_down",
+    "SparkDeployError",
+    "ConfigError",
+    "StepError",
+    "PreflightError",
+    "FetchError",
+    "RankCacheError",
+    "StorageError",
+    "ImageError",
+    "LaunchError",
+    "SmokeError",
+    "StopError",
+]
 
 _Event: TypeAlias = dict[str, Any]
 """One event as in ``spark-deploy --json``: ``schema``, ``ts_ms``, ``event`` (``started``,
@@ -67,6 +91,7 @@ class Report(list[dict[str, Any]]):
         """True when no step failed."""
     def _repr_html_(self) -> str: ...
 
+@final
 class Config:
     """A deployment configuration (TOML file + environment overrides)."""
 
@@ -81,6 +106,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """The config as a dict (secrets are never included)."""
 
+@final
 class Plan:
     """An ordered list of typed steps for one deployment."""
 
@@ -104,10 +130,11 @@ class Plan:
         cancel."""
     def _repr_html_(self) -> str: ...
 
+@final
 class Deployment:
     """One deployment described by a config."""
 
-    def __init__(self, config: Config) -> None: ...
+    def __new__(cls, config: Config) -> Self: ...
     @property
     def config(self) -> Config:
         """The config this deployment was created from."""
@@ -122,6 +149,7 @@ class Deployment:
     def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """``stop()`` then ``up()``."""
 
+@final
 class Testbed:
     """A running testbed with its hub and the config that deploys onto it."""
 
