@@ -1,5 +1,7 @@
 """Type stubs for ``spark_deploy``: the spark-deploy plan API from Python."""
 
+import threading
+from collections.abc import Coroutine
 from os import PathLike
 from typing import Any, Callable, Mapping, TypeAlias, final
 
@@ -124,10 +126,12 @@ class Plan:
         """The plan as plain data (the document ``spark-deploy plan --json`` prints)."""
     def steps(self) -> list[str]:
         """Step kinds in order."""
-    def run(self, on_event: Callable[[_Event], object] | None = None) -> Report:
-        """Run every step with the GIL released; events go to ``on_event`` on the calling thread.
-        Raises the failed step's SparkDeployError subclass, or KeyboardInterrupt after a clean
-        cancel."""
+    def run(self, on_event: Callable[[_Event], object] | None = None, cancel: threading.Event | None = None) -> Report:
+        """Run every step with the GIL released; events go to ``on_event`` on the calling thread
+        (None: a progress table in Jupyter). Setting ``cancel`` cancels the run. Raises the failed
+        step's StepError subclass, or KeyboardInterrupt after a clean cancel."""
+    def run_async(self, on_event: Callable[[_Event], object] | None = None) -> Coroutine[Any, Any, Report]:
+        """``run()`` for asyncio: events on the loop's thread; cancelling the task cancels the run."""
     def _repr_html_(self) -> str: ...
 
 @final

@@ -164,3 +164,62 @@ def test_runtime_works_after_fork():
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung running a plan")
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_cancel_flag_from_another_thread_stops_a_long_step(silent_server, tmp_path):
+    port, _ = silent_server
+    plan = spark_deploy.Plan.from_steps(unreachable_config(port, tmp_path), ["Preflight", "FetchCheckpoint"])
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(spark_deploy.PreflightError) as info:
+        plan.run(cancel=cancel)
+    assert time.monotonic() - t0 < 2.0
+    assert info.value.error == "cancelled"
+    assert [s["step"] for s in info.value.report] == ["preflight"]
+
+
+def test_run_async_delivers_events_on_the_loop_thread_and_cancels(silent_server, tmp_path):
+    import asyncio
+
+    async def failing():
+        seen = []
+        me = threading.get_ident()
+        plan = spark_deploy.Plan.from_steps(unreachable_config(), ["Preflight"])
+        with pytest.raises(spark_deploy.PreflightError):
+            await plan.run_async(on_event=lambda e: seen.append((threading.get_ident(), e["event"])))
+        assert seen and all(tid == me for tid, _ in seen)
+        assert seen[0][1] == "started" and seen[-1][1] == "failed"
+
+    async def cancelled():
+        port, _ = silent_server
+        plan = spark_deploy.Plan.from_steps(unreachable_config(port, tmp_path), ["Preflight", "FetchCheckpoint"])
+        task = asyncio.ensure_future(plan.run_async())
+        await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - t0 < 2.0
+
+    asyncio.run(failing())
+    asyncio.run(cancelled())
+
+
+def test_jupyter_progress_table_renders_steps_with_bytes():
+    import sys
+
+    helpers = sys.modules["spark_deploy._helpers"]
+    shown = []
+
+    class Handle:
+        def update(self, obj):
+            shown.append(obj)
+
+    progress = helpers._JupyterProgress(lambda obj, display_id: (shown.append(obj), Handle())[1], lambda html: html)
+    progress({"event": "started", "step": "fetch_checkpoint", "message": "download"})
+    progress({"event": "progress", "step": "fetch_checkpoint", "label": "model.safetensors", "bytes_done": 512, "bytes_total": 2048, "rate_bps": 1024.0, "eta_s": 1.5})
+    progress({"event": "finished", "step": "fetch_checkpoint", "duration_ms": 2000, "bytes": 2048})
+    assert "<progress value='512' max='2048'" in shown[-1]
+    assert "finished" in shown[-1] and "fetch_checkpoint" in shown[-1]
+    assert helpers.default_progress() is None  # not in a Jupyter kernel

@@ -64,7 +64,12 @@ impl Deployment {
         py: Python<'py>,
         on_event: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        run_plan(py, &CorePlan::standard(&self.validated), on_event.as_ref())
+        run_plan(
+            py,
+            &CorePlan::standard(&self.validated),
+            on_event.as_ref(),
+            None,
+        )
     }
 
     /// Checks every node (SSH, sudo, Docker, GPU clocks, memory, disk, fabric, ports); changes
@@ -88,7 +93,7 @@ impl Deployment {
             &self.validated,
             vec![Step::Preflight(Preflight::new(&self.validated))],
         );
-        run_plan(py, &plan, on_event.as_ref())
+        run_plan(py, &plan, on_event.as_ref(), None)
     }
 
     /// Stops every rank, rank 0 first, saving each log gzipped.
@@ -107,7 +112,12 @@ impl Deployment {
         py: Python<'py>,
         on_event: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        run_plan(py, &CorePlan::teardown(&self.validated), on_event.as_ref())
+        run_plan(
+            py,
+            &CorePlan::teardown(&self.validated),
+            on_event.as_ref(),
+            None,
+        )
     }
 
     /// ``stop()`` then ``up()``.

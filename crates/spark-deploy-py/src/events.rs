@@ -46,6 +46,7 @@ pub(crate) fn to_dict<'py>(py: Python<'py>, event: &Event) -> PyResult<Bound<'py
 /// Runs the future `make()` builds on the shared runtime while this thread, with the GIL released between
 /// messages, delivers events to `on_event` and checks for signals.
 ///
+/// `cancel_flag` (a `threading.Event`) cancels the run when set; the run's result follows.
 /// On an exception from a signal handler (KeyboardInterrupt) or from the callback, `cancel` is
 /// called, the work is awaited to its end (events are then dropped), and the exception returned.
 pub(crate) fn drive<T, M, F>(
@@ -54,6 +55,7 @@ pub(crate) fn drive<T, M, F>(
     tx: Sender<Msg<T>>,
     make: M,
     on_event: Option<&Bound<'_, PyAny>>,
+    cancel_flag: Option<&Bound<'_, PyAny>>,
     cancel: &dyn Fn(),
 ) -> PyResult<T>
 where
@@ -72,6 +74,9 @@ where
         })
         .map_err(|e| crate::errors::SparkDeployError::new_err(e.to_string()))?;
     let mut pending: Option<PyErr> = None;
+    // Once the flag is seen the run is cancelled; its result (the cancelled step's error) is
+    // returned as usual.
+    let mut cancel_flag_seen = false;
     let mut rx = rx;
     loop {
         let block = pending.is_some();
@@ -113,6 +118,22 @@ where
         {
             cancel();
             pending = Some(e);
+        }
+        if pending.is_none()
+            && !cancel_flag_seen
+            && let Some(flag) = cancel_flag
+        {
+            match flag.call_method0("is_set").and_then(|v| v.is_truthy()) {
+                Ok(false) => {}
+                Ok(true) => {
+                    cancel();
+                    cancel_flag_seen = true;
+                }
+                Err(e) => {
+                    cancel();
+                    pending = Some(e);
+                }
+            }
         }
     }
 }

@@ -85,13 +85,19 @@ pub(crate) fn run_plan<'py>(
     py: Python<'py>,
     plan: &CorePlan,
     on_event: Option<&Bound<'py, PyAny>>,
+    cancel: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let default = match on_event {
+        Some(_) => None,
+        None => Some(helpers(py)?.call_method0("default_progress")?).filter(|d| !d.is_none()),
+    };
+    let on_event = on_event.or(default.as_ref());
     let (sink, tx, rx) = events::channel_sink::<Result<RunReport, RunError>>();
     let ctx = Arc::new(Context::new(plan.config().clone(), Arc::new(sink)));
     let plan = plan.clone();
     let run_ctx = ctx.clone();
     let work = move || async move { plan.run(&run_ctx).await };
-    let result = events::drive(py, rx, tx, work, on_event, &|| ctx.cancel())?;
+    let result = events::drive(py, rx, tx, work, on_event, cancel, &|| ctx.cancel())?;
     match result {
         Ok(r) => report(py, &r),
         Err(e) => Err(errors::run_error(py, &e)?),
@@ -202,7 +208,10 @@ impl Plan {
     /// re-raised.
     ///
     /// Args:
-    ///     on_event: called with each event dict; None to ignore events.
+    ///     on_event: called with each event dict; None to ignore events (in a Jupyter kernel:
+    ///         a progress table per step, with bytes, rate and ETA, updated in place).
+    ///     cancel: a ``threading.Event``; setting it (from any thread) cancels the run, which
+    ///         then raises the cancelled step's error.
     ///
     /// Returns:
     ///     A ``Report``: one dict per step (``step``, ``status`` ran/skipped/failed,
@@ -213,13 +222,34 @@ impl Plan {
     ///         LaunchError, SmokeError, StopError) the failed step's error, with ``.step``,
     ///         ``.error``, ``.remedy`` and ``.report``.
     ///     KeyboardInterrupt: after the run was cancelled and cleaned up.
-    #[pyo3(signature = (on_event=None))]
+    #[pyo3(signature = (on_event=None, cancel=None))]
     fn run<'py>(
         &self,
         py: Python<'py>,
         on_event: Option<Bound<'py, PyAny>>,
+        cancel: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        run_plan(py, &self.inner, on_event.as_ref())
+        run_plan(py, &self.inner, on_event.as_ref(), cancel.as_ref())
+    }
+
+    /// ``run()`` for asyncio: the run goes to a worker thread, events are delivered to
+    /// ``on_event`` on the event loop's thread, and cancelling the awaiting task cancels the run
+    /// (the task then raises ``CancelledError`` once the run has cleaned up).
+    ///
+    /// Args:
+    ///     on_event: called on the loop's thread with each event dict; None to ignore events.
+    ///
+    /// Returns:
+    ///     A coroutine resolving to the ``Report``.
+    ///
+    /// Raises:
+    ///     StepError: the failed step's subclass, as ``run()``.
+    #[pyo3(signature = (on_event=None))]
+    fn run_async<'py>(
+        slf: &Bound<'py, Self>,
+        on_event: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        helpers(slf.py())?.call_method1("run_async", (slf, on_event))
     }
 
     fn _repr_html_(&self, py: Python<'_>) -> PyResult<String> {

@@ -30,7 +30,7 @@ fn block<T: Send + 'static>(
     };
     let (sink, tx, rx) = events::channel_sink::<Result<T, BoxError>>();
     drop(sink);
-    events::drive(py, rx, tx, work, None, &|| stop.notify_one())?
+    events::drive(py, rx, tx, work, None, None, &|| stop.notify_one())?
         .map_err(|e| SparkDeployError::new_err(e.to_string()))
 }
 
