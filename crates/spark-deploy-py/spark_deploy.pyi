@@ -59,6 +59,12 @@ class StepError(SparkDeployError):
     """What to do about it."""
     report: Report
     """The steps up to and including the failed one."""
+    node: str | None
+    """The node the error names, if any."""
+    rank: int | None
+    """The rank the error names, if any."""
+    checks: list[dict[str, Any]]
+    """Preflight's table (``check``, ``node``, ``observed``, ``verdict``, ``remedy``); else empty."""
 
 class PreflightError(StepError):
     """A preflight check failed; nothing was changed."""
@@ -148,6 +154,10 @@ class Deployment:
         """Run the standard plan."""
     def preflight(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Check every node; changes nothing. Raises PreflightError."""
+    def status(self) -> list[dict[str, Any]]:
+        """Each rank's container state (``rank``, ``node``, ``container``, ``state``, ``exit_code``, ...)."""
+    def logs(self, rank: int = 0, tail: int | None = 200) -> str:
+        """The engine log of one rank's container ("" when it does not exist)."""
     def stop(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Stop every rank, rank 0 first, saving logs. Raises StopError."""
     def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:

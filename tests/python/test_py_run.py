@@ -27,6 +27,7 @@ def unreachable_config(port=1, key_dir=None):
         os.close(fd)
         open(known, "w").close()
     d["deployment"]["testbed"] = True
+    d["deployment"]["name"] = "pytest-py-absent"  # no real deployment carries this name
     d["nodes"][1].update(
         ssh="root@127.0.0.1",
         ssh_port=port,
@@ -51,6 +52,8 @@ def test_failed_preflight_raises_with_step_report_and_events_on_the_calling_thre
     assert [s["step"] for s in err.report] == ["preflight"]
     assert err.report[0]["status"] == "failed" and "ssh" in err.report[0]["detail"]
     assert not err.report.ok
+    assert any(c["check"] == "ssh" and c["node"] == "worker-1" and c["verdict"] == "fail" for c in err.checks), err.checks
+    assert err.node is None and err.rank is None
     assert "failed" in err.report._repr_html_()
     assert all(tid == me for tid, _ in seen)
     kinds = [e["event"] for _, e in seen]
@@ -223,3 +226,12 @@ def test_jupyter_progress_table_renders_steps_with_bytes():
     assert "<progress value='512' max='2048'" in shown[-1]
     assert "finished" in shown[-1] and "fetch_checkpoint" in shown[-1]
     assert helpers.default_progress() is None  # not in a Jupyter kernel
+
+
+def test_status_and_logs_read_only():
+    dep = spark_deploy.Deployment(unreachable_config())
+    with pytest.raises(ValueError, match="no rank 7"):
+        dep.logs(rank=7)
+    assert dep.logs(rank=0) == ""  # the head's container does not exist
+    with pytest.raises(spark_deploy.SparkDeployError, match="worker-1"):
+        dep.status()  # the worker is unreachable

@@ -1,14 +1,21 @@
 //! `Deployment`: the handle notebooks use — bring it up, check it, stop it.
 
+use std::sync::Arc;
+
 use pyo3::prelude::*;
 use spark_deploy_core::config::ValidatedConfig;
+use spark_deploy_core::engine::tensorfold::launch::container_name;
+use spark_deploy_core::event::Event;
 use spark_deploy_core::plan::{Plan as CorePlan, Step};
+use spark_deploy_core::run::Context;
 use spark_deploy_core::steps::Preflight;
 
 use crate::Config;
+use crate::events;
 use crate::plan::run_plan;
 
-/// One deployment described by a config: ``up()``, ``preflight()``, ``stop()``, ``restart()``.
+/// One deployment described by a config: ``up()``, ``preflight()``, ``status()``, ``logs()``,
+/// ``stop()``, ``restart()``.
 ///
 /// Args:
 ///     config: the deployment config (validated here).
@@ -138,6 +145,80 @@ impl Deployment {
     ) -> PyResult<Bound<'py, PyAny>> {
         self.stop(py, on_event.clone())?;
         self.up(py, on_event)
+    }
+
+    /// Each rank's container as Docker reports it (nothing is changed).
+    ///
+    /// Returns:
+    ///     One dict per rank: ``rank``, ``node``, ``container``, ``state`` (``running``,
+    ///     ``exited``, ... or ``absent``), ``exit_code``, ``started_at``, ``finished_at``.
+    ///
+    /// Raises:
+    ///     SparkDeployError: a node or its Docker daemon is unreachable.
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let config = self.validated.clone();
+        let rows = events::block(py, async move {
+            let ctx = Context::new(config.clone(), Arc::new(|_: Event| {}));
+            let name = config.config().deployment.name.clone();
+            let mut rows = Vec::new();
+            for (i, node) in ctx.node_names().into_iter().enumerate() {
+                let rank = u32::try_from(i)?;
+                let container = container_name(&name, rank);
+                let docker = ctx.docker(i).await?;
+                let state = docker
+                    .inspect_container(&container)
+                    .await?
+                    .and_then(|c| c.state)
+                    .map(serde_json::to_value)
+                    .transpose()?;
+                let field = |k: &str| state.as_ref().and_then(|s| s.get(k)).cloned();
+                rows.push(serde_json::json!({
+                    "rank": rank,
+                    "node": node,
+                    "container": container,
+                    "state": state.as_ref().map_or(serde_json::Value::from("absent"), |s| s.get("Status").cloned().unwrap_or_default()),
+                    "exit_code": field("ExitCode"),
+                    "started_at": field("StartedAt"),
+                    "finished_at": field("FinishedAt"),
+                }));
+            }
+            Ok(rows)
+        })?;
+        crate::to_py(py, &rows)
+    }
+
+    /// The engine log of one rank's container (stdout and stderr interleaved).
+    ///
+    /// Args:
+    ///     rank: 0 (the head, serving the API) or 1 (the worker).
+    ///     tail: only the last ``tail`` lines; None for the whole log.
+    ///
+    /// Returns:
+    ///     The log text ("" when the container does not exist).
+    ///
+    /// Raises:
+    ///     SparkDeployError: a node or its Docker daemon is unreachable.
+    ///     ValueError: no such rank.
+    #[pyo3(signature = (rank=0, tail=Some(200)))]
+    fn logs(&self, py: Python<'_>, rank: u32, tail: Option<usize>) -> PyResult<String> {
+        let config = self.validated.clone();
+        let index = usize::try_from(rank).unwrap_or(usize::MAX);
+        if index >= config.config().nodes.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "no rank {rank}: the deployment has {} node(s)",
+                config.config().nodes.len()
+            )));
+        }
+        let bytes = events::block(py, async move {
+            let ctx = Context::new(config.clone(), Arc::new(|_: Event| {}));
+            let container = container_name(&config.config().deployment.name, rank);
+            let docker = ctx.docker(index).await?;
+            if docker.inspect_container(&container).await?.is_none() {
+                return Ok(Vec::new());
+            }
+            Ok(docker.logs(&container, false, tail).await?)
+        })?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     fn __repr__(&self) -> String {

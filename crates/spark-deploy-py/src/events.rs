@@ -137,3 +137,25 @@ where
         }
     }
 }
+
+/// A boxed error from a Rust future.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs `work` on the shared runtime with the GIL released; Ctrl-C abandons it and re-raises.
+pub(crate) fn block<T: Send + 'static>(
+    py: Python<'_>,
+    work: impl Future<Output = Result<T, BoxError>> + Send + 'static,
+) -> PyResult<T> {
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let s = stop.clone();
+    let work = move || async move {
+        tokio::select! {
+            r = work => r,
+            () = s.notified() => Err("interrupted".into()),
+        }
+    };
+    let (sink, tx, rx) = channel_sink::<Result<T, BoxError>>();
+    drop(sink);
+    drive(py, rx, tx, work, None, None, &|| stop.notify_one())?
+        .map_err(|e| crate::errors::SparkDeployError::new_err(e.to_string()))
+}

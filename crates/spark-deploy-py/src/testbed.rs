@@ -1,38 +1,15 @@
 //! The testbed from Python: two Sparks on this machine, and the config deploying onto them.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use pyo3::prelude::*;
 use spark_deploy_core::config::DeploymentConfig;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
 use spark_deploy_testbed::hub_server::HubServer;
-use tokio::sync::Notify;
 
 use crate::Config;
-use crate::errors::SparkDeployError;
 use crate::events;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Runs `work` on the shared runtime with the GIL released; Ctrl-C abandons it and re-raises.
-fn block<T: Send + 'static>(
-    py: Python<'_>,
-    work: impl Future<Output = Result<T, BoxError>> + Send + 'static,
-) -> PyResult<T> {
-    let stop = Arc::new(Notify::new());
-    let s = stop.clone();
-    let work = move || async move {
-        tokio::select! {
-            r = work => r,
-            () = s.notified() => Err("interrupted".into()),
-        }
-    };
-    let (sink, tx, rx) = events::channel_sink::<Result<T, BoxError>>();
-    drop(sink);
-    events::drive(py, rx, tx, work, None, None, &|| stop.notify_one())?
-        .map_err(|e| SparkDeployError::new_err(e.to_string()))
-}
 
 /// A running testbed with its hub (serving the test-scale checkpoint on loopback) and the config
 /// that deploys onto it. The hub stops with ``close()`` or when the object is collected.
@@ -90,7 +67,7 @@ impl Testbed {
 #[pyfunction]
 pub(crate) fn testbed_up(py: Python<'_>) -> PyResult<Testbed> {
     let home = crate::home();
-    let (hub, config, state_dir) = block(py, async move {
+    let (hub, config, state_dir) = events::block(py, async move {
         let opts = TestbedOptions::default();
         let info = cluster::up(&opts).await?;
         let (hub, config) = spark_deploy_testbed::demo::prepare(&info, &home).await?;
@@ -113,7 +90,7 @@ pub(crate) fn testbed_up(py: Python<'_>) -> PyResult<Testbed> {
 ///     SparkDeployError: the daemon is unreachable or a removal failed.
 #[pyfunction]
 pub(crate) fn testbed_down(py: Python<'_>) -> PyResult<bool> {
-    block(py, async move {
+    events::block(py, async move {
         let r = cluster::down(&TestbedOptions::default()).await?;
         Ok(r.state_dir_removed)
     })
