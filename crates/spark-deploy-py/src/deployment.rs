@@ -147,6 +147,36 @@ impl Deployment {
         self.up(py, on_event)
     }
 
+    /// The API key of the deployment (generated 0600 by the first ``up()``); never logged.
+    ///
+    /// Returns:
+    ///     The key, for ``openai.OpenAI(api_key=...)``.
+    ///
+    /// Raises:
+    ///     SparkDeployError: no key yet (run ``up()`` first) or it is unreadable.
+    fn api_key(&self) -> PyResult<String> {
+        let path = std::path::Path::new(&self.validated.config().serving.api_key_file);
+        spark_deploy_core::lifecycle::api_key::read(path)
+            .map(|k| k.expose().to_owned())
+            .map_err(|e| {
+                crate::errors::SparkDeployError::new_err(format!(
+                    "{e}; run up() first: it generates the key"
+                ))
+            })
+    }
+
+    /// The API's base URL on the head (``http://HOST:PORT/v1``; ``0.0.0.0`` becomes ``127.0.0.1``).
+    #[getter]
+    fn base_url(&self) -> String {
+        let s = &self.validated.config().serving;
+        let host = if s.host == "0.0.0.0" {
+            "127.0.0.1"
+        } else {
+            s.host.as_str()
+        };
+        format!("http://{host}:{}/v1", s.port)
+    }
+
     /// Each rank's container as Docker reports it (nothing is changed).
     ///
     /// Returns:
@@ -199,7 +229,7 @@ impl Deployment {
     /// Raises:
     ///     SparkDeployError: a node or its Docker daemon is unreachable.
     ///     ValueError: no such rank.
-    #[pyo3(signature = (rank=0, tail=Some(200)))]
+    #[pyo3(signature = (rank=0, tail=Some(200)), text_signature = "(self, /, rank=0, tail=200)")]
     fn logs(&self, py: Python<'_>, rank: u32, tail: Option<usize>) -> PyResult<String> {
         let config = self.validated.clone();
         let index = usize::try_from(rank).unwrap_or(usize::MAX);
