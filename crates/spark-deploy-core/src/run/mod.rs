@@ -211,3 +211,51 @@ impl Plan {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::config::{DeploymentConfig, validate};
+    use crate::event::Recorder;
+
+    /// A worker whose sshd accepts and never answers: preflight waits on it until cancelled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancel_abandons_a_waiting_preflight_at_once() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        let dir = tempfile::tempdir().unwrap();
+        let (id, kh) = (dir.path().join("id"), dir.path().join("known_hosts"));
+        std::fs::write(&id, "").unwrap();
+        std::fs::write(&kh, "").unwrap();
+        let mut raw = DeploymentConfig::default();
+        raw.deployment.testbed = true;
+        raw.deployment.name = "cancel-test-absent".into();
+        let w = &mut raw.nodes[1];
+        w.ssh = "root@127.0.0.1".into();
+        w.ssh_port = port;
+        w.identity_file = id.display().to_string();
+        w.known_hosts = kh.display().to_string();
+        let config = validate(raw, dir.path()).unwrap();
+        let ctx = Arc::new(Context::new(config.clone(), Arc::new(Recorder::default())));
+        let plan = Plan::from_steps(
+            &config,
+            vec![Step::Preflight(crate::steps::Preflight::new(&config))],
+        );
+        let c = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            c.cancel();
+        });
+        let t = Instant::now();
+        let err = plan.run(&ctx).await.unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(err.failure.step, StepKind::Preflight);
+        assert_eq!(err.failure.chain(), "cancelled");
+        assert_eq!(err.report.steps[0].status, "failed");
+        drop(accepted);
+    }
+}
