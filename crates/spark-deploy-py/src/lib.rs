@@ -3,6 +3,14 @@
 //! A thin layer over `spark-deploy-core`: configs and plans cross the boundary as plain Python
 //! data (dicts, lists, str, int), errors as a `SparkDeployError` hierarchy carrying the Rust
 //! error's fields.
+//!
+//! - `runtime`: one tokio runtime per process, recreated after `fork`.
+//! - `events`: running work with the GIL released while the calling thread delivers events to
+//!   the Python callback and watches for Ctrl-C / a cancel flag.
+//! - `plan`: `Plan` (standard, teardown, from_steps, describe, run, run_async) and `Report`.
+//! - `deployment`: the `Deployment` handle; `testbed`: `testbed_up` / `testbed_down`.
+//! - `errors`: `SparkDeployError`, `ConfigError`, `StepError` and one subclass per step.
+//! - `helpers.py`: the pure-Python parts (`Report`, HTML renderings, Jupyter progress, asyncio).
 
 mod deployment;
 mod errors;
@@ -35,7 +43,8 @@ pub(crate) fn home() -> PathBuf {
 
 /// A deployment configuration (TOML file + environment overrides under the recipe's names).
 ///
-/// Create one with `Config.load(path)` or `Config.from_dict(d)`; check it with `validate()`.
+/// Create one with ``Config.load(path)`` or ``Config.from_dict(d)``; check it with ``validate()``;
+/// hand it to ``Plan.standard(config)`` or ``Deployment(config)``.
 #[pyclass(module = "spark_deploy", frozen)]
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -49,6 +58,9 @@ impl Config {
     /// Args:
     ///     path: TOML file, or None for the built-in defaults.
     ///     env: a dict used instead of `os.environ` for the overrides (WORKER, CONTEXT, HF_TOKEN, ...).
+    ///
+    /// Returns:
+    ///     The config (not yet validated: see ``validate()``).
     ///
     /// Raises:
     ///     ConfigError: unreadable file, unknown key, bad value (``.field`` names it).
@@ -68,6 +80,12 @@ impl Config {
 
     /// Builds a config from a dict shaped like the TOML file (missing keys take defaults).
     ///
+    /// Args:
+    ///     data: ``{"serving": {"context": 262144}, "nodes": [...], ...}``.
+    ///
+    /// Returns:
+    ///     The config (not yet validated: see ``validate()``).
+    ///
     /// Raises:
     ///     ConfigError: unknown key or wrong type.
     #[staticmethod]
@@ -85,7 +103,10 @@ impl Config {
         Ok(Self { inner })
     }
 
-    /// Validates every field; returns the warnings (risky but accepted values) as dicts.
+    /// Validates every field.
+    ///
+    /// Returns:
+    ///     The warnings (risky but accepted values) as dicts with ``field`` and the reason.
     ///
     /// Raises:
     ///     ConfigError: with ``.field`` (first refused field) and ``.problems`` (every one).
@@ -94,7 +115,10 @@ impl Config {
         to_py(py, &v.warnings())
     }
 
-    /// The config as a dict (secrets are never included).
+    /// The config as a dict shaped like the TOML file.
+    ///
+    /// Returns:
+    ///     The dict (secrets are never included).
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         to_py(py, &self.inner)
     }
@@ -116,6 +140,9 @@ impl Config {
     }
 }
 
+/// Deploy one large model across NVIDIA DGX Sparks: the spark-deploy plan from Python.
+///
+/// ``Config`` → ``Plan`` / ``Deployment`` → ``Report``; failures raise ``StepError`` subclasses.
 #[pymodule]
 fn spark_deploy(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
