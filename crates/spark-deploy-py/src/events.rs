@@ -18,6 +18,8 @@ pub(crate) enum Msg<T> {
     Event(Event),
     /// The work ended.
     Done(T),
+    /// The work panicked (a bug): the message.
+    Panicked(String),
 }
 
 /// A sink forwarding events into the channel.
@@ -69,8 +71,17 @@ where
     std::thread::Builder::new()
         .name("spark-deploy-run".into())
         .spawn(move || {
-            let out = rt.block_on(make());
-            let _ = tx.send(Msg::Done(out));
+            let out =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(make())));
+            let _ = tx.send(match out {
+                Ok(out) => Msg::Done(out),
+                Err(p) => Msg::Panicked(
+                    p.downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into()),
+                ),
+            });
         })
         .map_err(|e| crate::errors::SparkDeployError::new_err(e.to_string()))?;
     let mut pending: Option<PyErr> = None;
@@ -95,6 +106,13 @@ where
                     Some(e) => Err(e),
                     None => Ok(out),
                 };
+            }
+            Ok(Msg::Panicked(message)) => {
+                return Err(pending.unwrap_or_else(|| {
+                    crate::errors::SparkDeployError::new_err(format!(
+                        "spark-deploy bug: the run panicked: {message}"
+                    ))
+                }));
             }
             Ok(Msg::Event(ev)) => {
                 if pending.is_none()
