@@ -41,6 +41,12 @@ enum Command {
     Config(commands::config::ConfigCommand),
     /// Print every step of the deployment with its actions per node; touches nothing.
     Plan,
+    /// Both ranks' containers, the served model, memory available on every node.
+    Status,
+    /// The ranks' engine logs (timestamps), newest lines.
+    Logs(commands::inspect::LogsArgs),
+    /// Stop both ranks and start both with the current config (validated first).
+    Restart,
     /// Print the deployment's API key (generated on the first `up`).
     ApiKey,
     /// Deploy onto the testbed (two Sparks on this machine) in one command.
@@ -80,6 +86,9 @@ fn main() -> ExitCode {
         Command::Init(args) => commands::init::run(&global, &args),
         Command::Config(cmd) => commands::config::run(&global, &cmd),
         Command::Plan => commands::plan::run(&global),
+        Command::Status => commands::inspect::run_status(&global),
+        Command::Logs(args) => commands::inspect::run_logs(&global, &args),
+        Command::Restart => commands::run::run(&global, commands::run::Which::Restart),
         Command::ApiKey => commands::api_key(&global),
         Command::Demo => commands::demo::run(&global),
         Command::Up => commands::run::run(&global, commands::run::Which::Up),

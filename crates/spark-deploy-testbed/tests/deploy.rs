@@ -99,10 +99,63 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
             .contains("rank1of2-")
     );
 
-    // 2. Teardown saves both logs.
+    // 2. A second `up` on the running pair skips every step but Preflight, in seconds.
+    let t = std::time::Instant::now();
+    let rec = Recorder::default();
+    Plan::standard(&v)
+        .run(&Context::new(v.clone(), Arc::new(rec.clone())))
+        .await?;
+    let up_again = t.elapsed();
+    let s = steps(&rec.events());
+    for k in [
+        StepKind::FetchCheckpoint,
+        StepKind::BuildRankCache,
+        StepKind::ConfigureWorkerStorage,
+        StepKind::BuildImage,
+        StepKind::LaunchRank,
+        StepKind::Smoke,
+    ] {
+        assert!(
+            s.contains(&(k, "skipped")),
+            "{k:?} must be skipped while running: {s:?}"
+        );
+    }
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("second up on the running deployment: {up_again:?}");
+    }
+
+    // 3. The lock refuses a concurrent run.
+    let held = spark_deploy_core::lifecycle::lock::DeploymentLock::acquire(Path::new(
+        &v.config().deployment.state_dir,
+    ))?;
+    let err = Plan::standard(&v)
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await
+        .expect_err("locked");
+    assert!(err.to_string().contains("holds"), "{err}");
+    drop(held);
+
+    // 4. A changed CONTEXT restarts the pair with the new pool on both ranks.
+    let mut changed = v.config().clone();
+    changed.serving.context = 3072;
+    let v2 = validate(changed, home)?;
+    Plan::standard(&v2)
+        .run(&Context::new(v2.clone(), Arc::new(Recorder::default())))
+        .await?;
+    let cmd = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{json .Config.Cmd}}", "sd-testbed-rank1"])
+        .output()?;
+    assert!(
+        String::from_utf8_lossy(&cmd.stdout).contains("\"--pool\",\"3072\""),
+        "{}",
+        String::from_utf8_lossy(&cmd.stdout)
+    );
+
+    // 5. Teardown saves both logs.
     let rec2 = Recorder::default();
-    let ctx2 = Context::new(v.clone(), Arc::new(rec2.clone()));
-    Plan::teardown(&v).run(&ctx2).await?;
+    let ctx2 = Context::new(v2.clone(), Arc::new(rec2.clone()));
+    Plan::teardown(&v2).run(&ctx2).await?;
     let saved: Vec<String> = rec2
         .events()
         .iter()
@@ -113,7 +166,43 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
         .collect();
     assert_eq!(saved.len(), 2, "{saved:?}");
 
-    // 3. An up-to-date re-run skips the preparation steps and moves no byte.
+    // 6. Inputs that differ between the nodes are refused before any container starts.
+    let worker_map = PathBuf::from(&v.config().nodes[1].data_dir);
+    let tm = std::fs::read_dir(worker_map.join("inputs"))?
+        .next()
+        .ok_or("inputs dir")??
+        .path()
+        .join("dsv41_token_map.json");
+    let original = std::fs::read(&tm)?;
+    std::fs::write(&tm, b"[0]")?;
+    let only = |kinds: &[StepKind]| {
+        Plan::from_steps(
+            &v,
+            Plan::standard(&v)
+                .steps()
+                .iter()
+                .filter(|s| kinds.contains(&s.kind()))
+                .cloned()
+                .collect(),
+        )
+    };
+    let err = only(&[StepKind::Preflight, StepKind::LaunchRank])
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await
+        .expect_err("mismatch");
+    assert!(err.to_string().contains("token_map_sha256"), "{err}");
+    let ps = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            "label=io.spark-deploy.deployment=sd-testbed",
+        ])
+        .output()?;
+    assert!(ps.stdout.is_empty(), "nothing started on a mismatch");
+    std::fs::write(&tm, &original)?;
+
+    // 7. From stopped, a re-run skips what is up to date.
     let rec3 = Recorder::default();
     let ctx3 = Context::new(v.clone(), Arc::new(rec3.clone()));
     Plan::standard(&v).run(&ctx3).await?;
@@ -121,7 +210,6 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
     for k in [
         StepKind::FetchCheckpoint,
         StepKind::BuildRankCache,
-        StepKind::ConfigureWorkerStorage,
         StepKind::BuildImage,
     ] {
         assert!(
@@ -129,8 +217,24 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
             "{k:?} must be skipped on an up-to-date re-run: {s:?}"
         );
     }
+    // The worker's token map was rewritten by step 6 (same bytes, new mtime): exactly that one
+    // file is verified again and re-sent; nothing else moves.
+    let sent: Vec<String> = rec3
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Log {
+                step: StepKind::ConfigureWorkerStorage,
+                line,
+                ..
+            } => Some(line.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(sent.iter().any(|l| l.contains(" 1 sent")), "{sent:?}");
+    assert!(s.contains(&(StepKind::LaunchRank, "ran")), "{s:?}");
 
-    // 4. Both ranks or neither: kill rank 1, then Smoke fails and stops rank 0 too.
+    // 8. Both ranks or neither: kill rank 1, then Smoke fails and stops rank 0 too.
     std::process::Command::new("docker")
         .args(["kill", "sd-testbed-rank1"])
         .output()?;

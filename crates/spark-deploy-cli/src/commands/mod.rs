@@ -3,6 +3,7 @@
 pub(crate) mod config;
 pub(crate) mod demo;
 pub(crate) mod init;
+pub(crate) mod inspect;
 pub(crate) mod plan;
 pub(crate) mod rank_cache;
 pub(crate) mod run;

@@ -17,6 +17,8 @@ pub(crate) enum Which {
     Up,
     /// Teardown.
     Down,
+    /// Validate, then stop both ranks and start both (the launch compares the fingerprint anew).
+    Restart,
     /// Only these steps of the standard plan.
     Only(&'static [StepKind]),
 }
@@ -40,6 +42,12 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
     let plan = match which {
         Which::Up => Plan::standard(&config),
         Which::Down => Plan::teardown(&config),
+        Which::Restart => {
+            // The config is validated (above) before anything is stopped.
+            let mut steps = Plan::teardown(&config).steps().to_vec();
+            steps.extend(Plan::standard(&config).steps().iter().cloned());
+            Plan::from_steps(&config, steps)
+        }
         Which::Only(kinds) => {
             let steps: Vec<Step> = Plan::standard(&config)
                 .steps()

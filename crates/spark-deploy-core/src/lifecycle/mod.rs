@@ -2,4 +2,6 @@
 //! the API key file.
 
 pub mod api_key;
+pub mod lock;
 pub mod logs;
+pub mod status;

@@ -53,6 +53,7 @@ pub struct Context {
     cancel: watch::Receiver<bool>,
     cancel_tx: watch::Sender<bool>,
     started: Mutex<Vec<(usize, String)>>,
+    already_running: std::sync::atomic::AtomicBool,
 }
 
 impl Context {
@@ -89,6 +90,7 @@ impl Context {
             cancel,
             cancel_tx,
             started: Mutex::new(Vec::new()),
+            already_running: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -178,6 +180,19 @@ impl Context {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         )
+    }
+
+    /// Records that LaunchRank found the pair already running with the planned fingerprint.
+    pub fn set_already_running(&self) {
+        self.already_running
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether LaunchRank found the pair already running with the planned fingerprint.
+    #[must_use]
+    pub fn already_running(&self) -> bool {
+        self.already_running
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Asks every running step to stop at its next cancellation point.

@@ -7,6 +7,7 @@
 //!   the generation is wrong), every rank container of the deployment is stopped, rank 0 first,
 //!   and its log saved before the error is returned; after any other failure, the ranks this run
 //!   started are stopped.
+//! - One run at a time per deployment: the run holds `<state_dir>/deploy.lock`.
 //! - Cancellation ([`Context::cancel`]) is honoured at every step boundary and inside long steps;
 //!   it counts as a failure for the guarantee above.
 
@@ -150,6 +151,18 @@ impl Plan {
     /// [`RunError`] with the report so far; ranks started by this run are stopped first.
     pub async fn run(&self, ctx: &Context) -> Result<RunReport, RunError> {
         let mut report = RunReport::default();
+        let state_dir = std::path::PathBuf::from(&ctx.config().config().deployment.state_dir);
+        let _lock = crate::lifecycle::lock::DeploymentLock::acquire(&state_dir).map_err(|e| {
+            let step = self.steps().first().map_or(StepKind::Preflight, Step::kind);
+            RunError {
+                report: RunReport::default(),
+                failure: StepFailure::new(
+                    step,
+                    e,
+                    Some("only one up/down/restart at a time".into()),
+                ),
+            }
+        })?;
         for step in self.steps() {
             let kind = step.kind();
             let t = Instant::now();

@@ -208,6 +208,46 @@ impl LaunchRank {
             ranks_settings.push((s.rank, RankSettings::of(s, &id)));
         }
         let fingerprint = compare(&ranks_settings).map_err(|m| fail(LaunchError::Mismatch(m)))?;
+        // Already running with exactly these settings: nothing to do. Running with other settings
+        // (a changed CONTEXT, a rebuilt input) or only partly: stop both, then start both.
+        let mut running = Vec::new();
+        for s in &specs {
+            let i = ranks::node_index(ctx, &s.node);
+            let d = ctx.docker(i).await.map_err(|e| {
+                fail(LaunchError::Start {
+                    rank: s.rank,
+                    node: s.node.clone(),
+                    source: e.into(),
+                })
+            })?;
+            let info = d.inspect_container(&s.name).await.ok().flatten();
+            let is_running = info
+                .as_ref()
+                .and_then(|c| c.state.as_ref())
+                .and_then(|st| st.running)
+                .unwrap_or(false);
+            let fp = info
+                .and_then(|c| c.config)
+                .and_then(|c| c.labels)
+                .and_then(|l| l.get(labels::FINGERPRINT).cloned());
+            running.push((is_running, fp));
+        }
+        if running
+            .iter()
+            .all(|(r, fp)| *r && fp.as_deref() == Some(fingerprint.as_str()))
+        {
+            ctx.set_already_running();
+            return Ok(Outcome::Skipped {
+                reason: format!(
+                    "both ranks already running with fingerprint {}",
+                    &fingerprint[..12]
+                ),
+            });
+        }
+        if running.iter().any(|(r, _)| *r) {
+            ctx.log(StepKind::LaunchRank, None, Level::Warn, "the running ranks differ from the plan (settings or inputs changed): stopping both before starting both");
+            super::ranks::stop_deployment(ctx).await;
+        }
         let c = ctx.config().config();
         crate::lifecycle::api_key::ensure(
             std::path::Path::new(&c.serving.api_key_file),

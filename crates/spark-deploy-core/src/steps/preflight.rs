@@ -384,10 +384,26 @@ impl Preflight {
         }
         let head_addr = findings[0].route.as_ref().map(|r| r.src);
         let api = format!("{}:{}", c.serving.host, c.serving.port);
-        report.results.push(if port_free(&api) { CheckResult::ok("port.api", &c.nodes[0].name, format!("{api} free")) } else { CheckResult::fail("port.api", &c.nodes[0].name, format!("{api} in use"), "stop what listens there (`spark-deploy down` if it is an old deployment) or change serving.port") });
+        let ours = match ctx.docker(0).await {
+            Ok(d) => d
+                .inspect_container(&crate::engine::tensorfold::launch::container_name(
+                    &c.deployment.name,
+                    0,
+                ))
+                .await
+                .ok()
+                .flatten()
+                .and_then(|i| i.state)
+                .and_then(|s| s.running)
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        report.results.push(if ours {
+            CheckResult::ok("port.api", &c.nodes[0].name, format!("{api} served by this deployment's rank 0"))
+        } else if port_free(&api) { CheckResult::ok("port.api", &c.nodes[0].name, format!("{api} free")) } else { CheckResult::fail("port.api", &c.nodes[0].name, format!("{api} in use"), "stop what listens there (`spark-deploy down` if it is an old deployment) or change serving.port") });
         if let Some(a) = head_addr {
             let rdv = format!("{a}:{}", c.engine.rendezvous_port);
-            report.results.push(if port_free(&rdv) {
+            report.results.push(if ours || port_free(&rdv) {
                 CheckResult::ok("port.rendezvous", &c.nodes[0].name, format!("{rdv} free"))
             } else {
                 CheckResult::fail(

@@ -164,85 +164,59 @@ pub(crate) async fn stop_and_save(
     Ok(Stopped::Removed(saved))
 }
 
-/// Stops every rank container this run started, rank 0 first, saving logs; used when a step fails
-/// after a launch. Failures are reported as log events, never hidden.
+/// Stops one rank for the both-or-neither rule, reporting (never hiding) the outcome.
+async fn stop_for_pair(ctx: &Context, node: usize, container: &str) {
+    let c = ctx.config().config();
+    let n = &c.nodes[node];
+    let log_dir = crate::layout::NodeLayout::of(ctx.config(), n).log_dir;
+    match stop_and_save(
+        ctx,
+        node,
+        container,
+        &log_dir,
+        c.lifecycle.log_keep.max(1),
+        c.lifecycle.stop_timeout_s,
+    )
+    .await
+    {
+        Ok(Stopped::Removed(path)) => ctx.log(
+            StepKind::Stop,
+            Some(&n.name),
+            Level::Warn,
+            format!(
+                "stopped {container} (both ranks or neither); log saved to {}",
+                path.unwrap_or_else(|| "<not saved>".into())
+            ),
+        ),
+        Ok(Stopped::Absent) => {}
+        Err(e) => ctx.log(
+            StepKind::Stop,
+            Some(&n.name),
+            Level::Error,
+            format!("could not stop {container}: {e}"),
+        ),
+    }
+}
+
+/// Stops every rank container this run started, rank 0 first, saving logs.
 pub(crate) async fn stop_started(ctx: &Context) {
     let mut started = ctx.take_started();
-    if started.is_empty() {
-        return;
-    }
     started.sort_by_key(|(node, _)| *node);
-    let c = ctx.config().config();
     for (node, container) in started {
-        let log_dir = crate::layout::NodeLayout::of(ctx.config(), &c.nodes[node]).log_dir;
-        let name = ctx.node_names()[node].clone();
-        match stop_and_save(
-            ctx,
-            node,
-            &container,
-            &log_dir,
-            c.lifecycle.log_keep.max(1),
-            c.lifecycle.stop_timeout_s,
-        )
-        .await
-        {
-            Ok(Stopped::Removed(path)) => ctx.log(
-                StepKind::Stop,
-                Some(&name),
-                Level::Warn,
-                format!(
-                    "stopped {container} (both ranks or neither); log saved to {}",
-                    path.unwrap_or_else(|| "<not saved>".into())
-                ),
-            ),
-            Ok(Stopped::Absent) => {}
-            Err(e) => ctx.log(
-                StepKind::Stop,
-                Some(&name),
-                Level::Error,
-                format!("could not stop {container}: {e}"),
-            ),
-        }
+        stop_for_pair(ctx, node, &container).await;
     }
 }
 
 /// Stops every rank container of the deployment (rank 0 first), whoever started them, saving
 /// logs: the pair is never left half-running after a launch or readiness failure.
 pub(crate) async fn stop_deployment(ctx: &Context) {
-    let c = ctx.config().config();
     let _ = ctx.take_started();
-    for (node, n) in c.nodes.iter().enumerate() {
+    let c = ctx.config().config();
+    for node in 0..c.nodes.len() {
         let container = crate::engine::tensorfold::launch::container_name(
             &c.deployment.name,
             u32::try_from(node).unwrap_or(u32::MAX),
         );
-        let log_dir = crate::layout::NodeLayout::of(ctx.config(), n).log_dir;
-        match stop_and_save(
-            ctx,
-            node,
-            &container,
-            &log_dir,
-            c.lifecycle.log_keep.max(1),
-            c.lifecycle.stop_timeout_s,
-        )
-        .await
-        {
-            Ok(Stopped::Removed(path)) => ctx.log(
-                StepKind::Stop,
-                Some(&n.name),
-                Level::Warn,
-                format!(
-                    "stopped {container} (both ranks or neither); log saved to {}",
-                    path.unwrap_or_else(|| "<not saved>".into())
-                ),
-            ),
-            Ok(Stopped::Absent) => {}
-            Err(e) => ctx.log(
-                StepKind::Stop,
-                Some(&n.name),
-                Level::Error,
-                format!("could not stop {container}: {e}"),
-            ),
-        }
+        stop_for_pair(ctx, node, &container).await;
     }
 }

@@ -274,6 +274,15 @@ impl Smoke {
         let key = crate::lifecycle::api_key::read(std::path::Path::new(&c.serving.api_key_file))
             .map_err(|e| fail(e.into()))?;
         let client = Self::client();
+        if ctx.already_running() && matches!(self.probe(ctx, &key, &client).await, Ok(Probe::Ready))
+        {
+            return Ok(Outcome::Skipped {
+                reason: format!(
+                    "{} already serving on port {}: both ranks run, /v1/models lists it",
+                    self.served_name, c.serving.port
+                ),
+            });
+        }
         let start = Instant::now();
         let mut last_note = Instant::now();
         loop {
