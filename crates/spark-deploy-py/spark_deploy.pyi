@@ -159,8 +159,10 @@ class Deployment:
     @property
     def base_url(self) -> str:
         """The API's base URL on the head, e.g. ``http://127.0.0.1:8888/v1``."""
-    def status(self) -> list[dict[str, Any]]:
-        """Each rank's container state (``rank``, ``node``, ``container``, ``state``, ``exit_code``, ...)."""
+    def status(self) -> dict[str, Any]:
+        """The deployment's state: ``overall``, ``served``, ``served_error`` and ``ranks`` (one dict per
+        rank: ``rank``, ``node``, ``container``, ``state``, ``started_at``, ``fingerprint``,
+        ``mem_available_gib``)."""
     def logs(self, rank: int = 0, tail: int | None = 200) -> str:
         """The engine log of one rank's container ("" when it does not exist)."""
     def stop(self, on_event: Callable[[_Event], object] | None = None) -> Report:

@@ -15,6 +15,9 @@ import pytest
 
 import spark_deploy
 
+# Runs take the deployment lock in state_dir: never the default one a real deployment uses.
+STATE_DIR = __import__("tempfile").mkdtemp(prefix="spark-deploy-pytest-state-")
+
 
 def unreachable_config(port=1, key_dir=None):
     """The default config with the worker at ``root@127.0.0.1:port``; with ``key_dir``, an
@@ -28,6 +31,7 @@ def unreachable_config(port=1, key_dir=None):
         open(known, "w").close()
     d["deployment"]["testbed"] = True
     d["deployment"]["name"] = "pytest-py-absent"  # no real deployment carries this name
+    d["deployment"]["state_dir"] = STATE_DIR
     d["nodes"][1].update(
         ssh="root@127.0.0.1",
         ssh_port=port,
@@ -233,5 +237,8 @@ def test_status_and_logs_read_only():
     with pytest.raises(ValueError, match="no rank 7"):
         dep.logs(rank=7)
     assert dep.logs(rank=0) == ""  # the head's container does not exist
-    with pytest.raises(spark_deploy.SparkDeployError, match="worker-1"):
-        dep.status()  # the worker is unreachable
+    status = dep.status()  # the worker is unreachable, the head has no container
+    assert status["overall"] != "running"
+    assert [r["rank"] for r in status["ranks"]] == [0, 1]
+    assert status["ranks"][0]["state"] == "absent"
+    assert status["ranks"][1]["state"] != "running"

@@ -61,12 +61,13 @@ def test_deploy_chat_status_logs_stop(testbed):
     assert r.choices[0].message.content.strip() == "42"
 
     status = dep.status()
-    assert [s["state"] for s in status] == ["running", "running"]
+    assert status["overall"] == "running", status
+    assert [r["state"] for r in status["ranks"]] == ["running", "running"]
     assert dep.logs(rank=0, tail=50)
 
     stopped = dep.stop()
     assert stopped.ok
-    assert all(s["state"] != "running" for s in dep.status())
+    assert all(r["state"] != "running" for r in dep.status()["ranks"])
 
 
 def test_ctrl_c_after_launch_stops_both_ranks_within_15s(testbed):
@@ -81,4 +82,4 @@ def test_ctrl_c_after_launch_stops_both_ranks_within_15s(testbed):
     with pytest.raises(KeyboardInterrupt):
         dep.up(on_event=on_event)
     assert fired and time.monotonic() - fired[0] < 15.0
-    assert all(s["state"] != "running" for s in dep.status())
+    assert all(r["state"] != "running" for r in dep.status()["ranks"])

@@ -177,44 +177,33 @@ impl Deployment {
         format!("http://{host}:{}/v1", s.port)
     }
 
-    /// Each rank's container as Docker reports it (nothing is changed).
+    /// The deployment's state, read-only: both ranks' containers, the served models, memory.
     ///
     /// Returns:
-    ///     One dict per rank: ``rank``, ``node``, ``container``, ``state`` (``running``,
-    ///     ``exited``, ... or ``absent``), ``exit_code``, ``started_at``, ``finished_at``.
-    ///
-    /// Raises:
-    ///     SparkDeployError: a node or its Docker daemon is unreachable.
+    ///     A dict: ``overall`` (``running`` when every rank runs and the API answers, else
+    ///     ``down`` or ``degraded``), ``served`` (model ids, or None), ``served_error`` (why they
+    ///     could not be read, or None) and ``ranks``: one dict per rank with ``rank``, ``node``,
+    ///     ``container``, ``state`` (``running``, ``exited``, ``absent`` or an error),
+    ///     ``started_at``, ``fingerprint``, ``mem_available_gib``.
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let config = self.validated.clone();
-        let rows = events::block(py, async move {
-            let ctx = Context::new(config.clone(), Arc::new(|_: Event| {}));
-            let name = config.config().deployment.name.clone();
-            let mut rows = Vec::new();
-            for (i, node) in ctx.node_names().into_iter().enumerate() {
-                let rank = u32::try_from(i)?;
-                let container = container_name(&name, rank);
-                let docker = ctx.docker(i).await?;
-                let state = docker
-                    .inspect_container(&container)
-                    .await?
-                    .and_then(|c| c.state)
-                    .map(serde_json::to_value)
-                    .transpose()?;
-                let field = |k: &str| state.as_ref().and_then(|s| s.get(k)).cloned();
-                rows.push(serde_json::json!({
-                    "rank": rank,
-                    "node": node,
-                    "container": container,
-                    "state": state.as_ref().map_or(serde_json::Value::from("absent"), |s| s.get("Status").cloned().unwrap_or_default()),
-                    "exit_code": field("ExitCode"),
-                    "started_at": field("StartedAt"),
-                    "finished_at": field("FinishedAt"),
-                }));
-            }
-            Ok(rows)
+        let s = events::block(py, async move {
+            let ctx = Context::new(config, Arc::new(|_: Event| {}));
+            Ok(spark_deploy_core::lifecycle::status::status(&ctx).await)
         })?;
-        crate::to_py(py, &rows)
+        let (served, served_error) = match &s.served {
+            Ok(v) => (Some(v.clone()), None),
+            Err(e) => (None, Some(e.clone())),
+        };
+        crate::to_py(
+            py,
+            &serde_json::json!({
+                "overall": s.overall,
+                "served": served,
+                "served_error": served_error,
+                "ranks": s.ranks,
+            }),
+        )
     }
 
     /// The engine log of one rank's container (stdout and stderr interleaved).

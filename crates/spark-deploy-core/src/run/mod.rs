@@ -247,6 +247,7 @@ mod tests {
         let mut raw = DeploymentConfig::default();
         raw.deployment.testbed = true;
         raw.deployment.name = "cancel-test-absent".into();
+        raw.deployment.state_dir = dir.path().join("state").display().to_string();
         let w = &mut raw.nodes[1];
         w.ssh = "root@127.0.0.1".into();
         w.ssh_port = port;
