@@ -168,7 +168,7 @@ class Deployment:
     def stop(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Stop every rank, rank 0 first, saving logs. Raises StopError."""
     def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:
-        """``stop()`` then ``up()``."""
+        """Stop both ranks and start both again in one run (Stop + the standard plan)."""
 
 @final
 class Testbed:

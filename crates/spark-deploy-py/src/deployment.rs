@@ -127,24 +127,29 @@ impl Deployment {
         )
     }
 
-    /// ``stop()`` then ``up()``.
+    /// Stops both ranks and starts both again, in one run (as ``spark-deploy restart``): the
+    /// teardown's Stop step followed by the standard plan, whose launch compares the fingerprint
+    /// anew.
     ///
     /// Args:
-    ///     on_event: called on this thread with each event dict of both runs.
+    ///     on_event: called on this thread with each event dict.
     ///
     /// Returns:
-    ///     The ``Report`` of ``up()``.
+    ///     The run's ``Report`` (``stop`` first, then the standard steps).
     ///
     /// Raises:
-    ///     SparkDeployError: as ``stop()`` and ``up()``.
+    ///     StepError: the failed step's subclass (StopError, PreflightError, ...).
+    ///     KeyboardInterrupt: after the run was cancelled and cleaned up.
     #[pyo3(signature = (on_event=None))]
     fn restart<'py>(
         &self,
         py: Python<'py>,
         on_event: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        self.stop(py, on_event.clone())?;
-        self.up(py, on_event)
+        let mut steps = CorePlan::teardown(&self.validated).steps().to_vec();
+        steps.extend(CorePlan::standard(&self.validated).steps().iter().cloned());
+        let plan = CorePlan::from_steps(&self.validated, steps);
+        run_plan(py, &plan, on_event.as_ref(), None)
     }
 
     /// The API key of the deployment (generated 0600 by the first ``up()``); never logged.
