@@ -1,9 +1,39 @@
 """Type stubs for ``spark_deploy``: the spark-deploy plan API from Python."""
 
+import threading
+from collections.abc import Coroutine
 from os import PathLike
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeAlias, final
+
+from typing_extensions import Self
 
 __version__: str
+
+__all__ = [
+    "__version__",
+    "Config",
+    "Plan",
+    "Deployment",
+    "Testbed",
+    "Report",
+    "testbed_up",
+    "testbed_down",
+    "SparkDeployError",
+    "ConfigError",
+    "StepError",
+    "PreflightError",
+    "FetchError",
+    "RankCacheError",
+    "StorageError",
+    "ImageError",
+    "LaunchError",
+    "SmokeError",
+    "StopError",
+]
+
+_Event: TypeAlias = dict[str, Any]
+"""One event as in ``spark-deploy --json``: ``schema``, ``ts_ms``, ``event`` (``started``,
+``progress``, ``log``, ``skipped``, ``finished``, ``failed``), ``step`` and the event's fields."""
 
 class SparkDeployError(Exception):
     """Base class of every spark-deploy error."""
@@ -18,6 +48,58 @@ class ConfigError(SparkDeployError):
     remedy: str | None
     """What to do about it."""
 
+class StepError(SparkDeployError):
+    """A step of a plan run failed."""
+
+    step: str
+    """The failed step as in events (``preflight``, ``fetch_checkpoint``, ...)."""
+    error: str
+    """The error chain."""
+    remedy: str | None
+    """What to do about it."""
+    report: Report
+    """The steps up to and including the failed one."""
+    node: str | None
+    """The node the error names, if any."""
+    rank: int | None
+    """The rank the error names, if any."""
+    checks: list[dict[str, Any]]
+    """Preflight's table (``check``, ``node``, ``observed``, ``verdict``, ``remedy``); else empty."""
+
+class PreflightError(StepError):
+    """A preflight check failed; nothing was changed."""
+
+class FetchError(StepError):
+    """Downloading the checkpoint, Engram shards or kit failed (partial files are resumed)."""
+
+class RankCacheError(StepError):
+    """Building a rank's cache failed."""
+
+class StorageError(StepError):
+    """Giving the workers their bytes (NFS volume or copy) failed."""
+
+class ImageError(StepError):
+    """Making the engine image present on every node failed."""
+
+class LaunchError(StepError):
+    """Starting a rank failed; every rank of the deployment was stopped."""
+
+class SmokeError(StepError):
+    """Readiness or the smoke generation failed; every rank was stopped."""
+
+class StopError(StepError):
+    """Stopping a rank failed."""
+
+class Report(list[dict[str, Any]]):
+    """The report of a plan run: one dict per started step (``step``, ``status`` ran/skipped/failed,
+    ``duration_ms``, and when known ``detail`` and ``bytes``)."""
+
+    @property
+    def ok(self) -> bool:
+        """True when no step failed."""
+    def _repr_html_(self) -> str: ...
+
+@final
 class Config:
     """A deployment configuration (TOML file + environment overrides)."""
 
@@ -32,13 +114,77 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         """The config as a dict (secrets are never included)."""
 
+@final
 class Plan:
     """An ordered list of typed steps for one deployment."""
 
     @staticmethod
     def standard(config: Config) -> Plan:
         """The standard deployment plan. Raises ConfigError."""
+    @staticmethod
+    def teardown(config: Config) -> Plan:
+        """Stop every rank, rank 0 first, saving logs. Raises ConfigError."""
+    @staticmethod
+    def from_steps(config: Config, steps: list[str]) -> Plan:
+        """A custom plan of the named steps (``"Preflight"``, ``"FetchCheckpoint"``, ...).
+        Raises ConfigError, ValueError."""
     def describe(self) -> dict[str, Any]:
         """The plan as plain data (the document ``spark-deploy plan --json`` prints)."""
     def steps(self) -> list[str]:
         """Step kinds in order."""
+    def run(self, on_event: Callable[[_Event], object] | None = None, cancel: threading.Event | None = None) -> Report:
+        """Run every step with the GIL released; events go to ``on_event`` on the calling thread
+        (None: a progress table in Jupyter). Setting ``cancel`` cancels the run. Raises the failed
+        step's StepError subclass, or KeyboardInterrupt after a clean cancel."""
+    def run_async(self, on_event: Callable[[_Event], object] | None = None) -> Coroutine[Any, Any, Report]:
+        """``run()`` for asyncio: events on the loop's thread; cancelling the task cancels the run."""
+    def _repr_html_(self) -> str: ...
+
+@final
+class Deployment:
+    """One deployment described by a config."""
+
+    def __new__(cls, config: Config) -> Self: ...
+    @property
+    def config(self) -> Config:
+        """The config this deployment was created from."""
+    def plan(self) -> Plan:
+        """The standard plan (nothing runs)."""
+    def up(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """Run the standard plan."""
+    def preflight(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """Check every node; changes nothing. Raises PreflightError."""
+    def api_key(self) -> str:
+        """The deployment's API key (generated by the first ``up()``). Raises SparkDeployError."""
+    @property
+    def base_url(self) -> str:
+        """The API's base URL on the head, e.g. ``http://127.0.0.1:8888/v1``."""
+    def status(self) -> dict[str, Any]:
+        """The deployment's state: ``overall``, ``served``, ``served_error`` and ``ranks`` (one dict per
+        rank: ``rank``, ``node``, ``container``, ``state``, ``started_at``, ``fingerprint``,
+        ``mem_available_gib``)."""
+    def logs(self, rank: int = 0, tail: int | None = 200) -> str:
+        """The engine log of one rank's container ("" when it does not exist)."""
+    def stop(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """Stop every rank, rank 0 first, saving logs. Raises StopError."""
+    def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:
+        """Stop both ranks and start both again in one run (Stop + the standard plan)."""
+
+@final
+class Testbed:
+    """A running testbed with its hub and the config that deploys onto it."""
+
+    @property
+    def config(self) -> Config:
+        """The deployment config targeting this testbed."""
+    @property
+    def state_dir(self) -> str:
+        """The testbed's state directory."""
+    def close(self) -> None:
+        """Stop the hub (the containers stay; ``testbed_down()`` removes them)."""
+
+def testbed_up() -> Testbed:
+    """Bring the testbed up, start its hub over the test-scale checkpoint, install the stand-in."""
+
+def testbed_down() -> bool:
+    """Remove everything the testbed created; True when its state directory existed."""

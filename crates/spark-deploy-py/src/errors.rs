@@ -5,6 +5,11 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use spark_deploy_core::config::ConfigError as CoreConfigError;
+use spark_deploy_core::plan::StepKind;
+use spark_deploy_core::run::RunError;
+use spark_deploy_core::steps::{
+    LaunchError as CoreLaunchError, PreflightFailed, SmokeError as CoreSmokeError,
+};
 
 create_exception!(
     spark_deploy,
@@ -17,6 +22,37 @@ create_exception!(
     ConfigError,
     SparkDeployError,
     "The configuration is unreadable or invalid; `.field` names the field."
+);
+
+create_exception!(
+    spark_deploy,
+    StepError,
+    SparkDeployError,
+    "A step of a plan run failed: `.step`, `.error`, `.remedy`, `.report` (the steps so far), `.node` and `.rank` (when the error names them), `.checks` (preflight's table)."
+);
+
+/// One subclass of `StepError` per step.
+macro_rules! step_errors {
+    ($($name:ident => $doc:literal),* $(,)?) => {
+        $(create_exception!(spark_deploy, $name, StepError, $doc);)*
+        fn register_steps(m: &Bound<'_, PyModule>) -> PyResult<()> {
+            let py = m.py();
+            m.add("StepError", py.get_type::<StepError>())?;
+            $(m.add(stringify!($name), py.get_type::<$name>())?;)*
+            Ok(())
+        }
+    };
+}
+
+step_errors!(
+    PreflightError => "A preflight check failed; nothing was changed.",
+    FetchError => "Downloading the checkpoint, Engram shards or kit failed (partial files are kept and resumed).",
+    RankCacheError => "Building a rank's cache failed.",
+    StorageError => "Giving the workers their bytes (NFS volume or copy) failed.",
+    ImageError => "Making the engine image present on every node failed.",
+    LaunchError => "Starting a rank failed; every rank of the deployment was stopped.",
+    SmokeError => "Readiness or the smoke generation failed; every rank was stopped.",
+    StopError => "Stopping a rank failed.",
 );
 
 /// Maps a config error, setting `field`, `problems` and `remedy`.
@@ -38,9 +74,74 @@ pub(crate) fn config_error(e: &CoreConfigError) -> PyErr {
     err
 }
 
+/// The step's name as in events and reports (`fetch_checkpoint`).
+pub(crate) fn step_name(kind: StepKind) -> String {
+    serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| kind.title().to_owned())
+}
+
+/// Maps a failed run to the exception of its failed step, with `step`, `error`, `remedy` and
+/// `report` (the step dicts so far, as a `Report`).
+pub(crate) fn run_error(py: Python<'_>, e: &RunError) -> PyResult<PyErr> {
+    let message = e.failure.to_string();
+    let err = match e.failure.step {
+        StepKind::Preflight => PreflightError::new_err(message),
+        StepKind::FetchCheckpoint => FetchError::new_err(message),
+        StepKind::BuildRankCache => RankCacheError::new_err(message),
+        StepKind::ConfigureWorkerStorage => StorageError::new_err(message),
+        StepKind::BuildImage => ImageError::new_err(message),
+        StepKind::LaunchRank => LaunchError::new_err(message),
+        StepKind::Smoke => SmokeError::new_err(message),
+        StepKind::Stop => StopError::new_err(message),
+    };
+    let value = err.value(py);
+    value.setattr("step", step_name(e.failure.step))?;
+    value.setattr("error", e.failure.chain())?;
+    value.setattr("remedy", e.failure.remedy.clone())?;
+    value.setattr("report", crate::plan::report(py, &e.report)?)?;
+    let (node, rank) = node_and_rank(e.failure.source.as_ref());
+    value.setattr("node", node)?;
+    value.setattr("rank", rank)?;
+    let checks = match e.failure.source.downcast_ref::<PreflightFailed>() {
+        Some(p) => crate::to_py(py, &p.report.results)?,
+        None => pyo3::types::PyList::empty(py).into_any(),
+    };
+    value.setattr("checks", checks)?;
+    Ok(err)
+}
+
+/// The node and rank a step error names, when it names one.
+fn node_and_rank(
+    source: &(dyn std::error::Error + Send + Sync + 'static),
+) -> (Option<String>, Option<u64>) {
+    if let Some(e) = source.downcast_ref::<CoreLaunchError>() {
+        return match e {
+            CoreLaunchError::Unresolved { rank, node, .. }
+            | CoreLaunchError::Inputs { rank, node, .. }
+            | CoreLaunchError::Start { rank, node, .. }
+            | CoreLaunchError::Exited { rank, node, .. } => {
+                (Some(node.clone()), Some(u64::from(*rank)))
+            }
+            _ => (None, None),
+        };
+    }
+    if let Some(e) = source.downcast_ref::<CoreSmokeError>() {
+        return match e {
+            CoreSmokeError::RankDied { rank, node, .. }
+            | CoreSmokeError::FollowError { rank, node, .. } => {
+                (Some(node.clone()), u64::try_from(*rank).ok())
+            }
+            _ => (None, None),
+        };
+    }
+    (None, None)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("SparkDeployError", py.get_type::<SparkDeployError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
-    Ok(())
+    register_steps(m)
 }

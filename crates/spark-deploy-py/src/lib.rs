@@ -3,36 +3,52 @@
 //! A thin layer over `spark-deploy-core`: configs and plans cross the boundary as plain Python
 //! data (dicts, lists, str, int), errors as a `SparkDeployError` hierarchy carrying the Rust
 //! error's fields.
+//!
+//! - `runtime`: one tokio runtime per process, recreated after `fork`.
+//! - `events`: running work with the GIL released while the calling thread delivers events to
+//!   the Python callback and watches for Ctrl-C / a cancel flag.
+//! - `plan`: `Plan` (standard, teardown, from_steps, describe, run, run_async) and `Report`.
+//! - `deployment`: the `Deployment` handle; `testbed`: `testbed_up` / `testbed_down`.
+//! - `errors`: `SparkDeployError`, `ConfigError`, `StepError` and one subclass per step.
+//! - `helpers.py`: the pure-Python parts (`Report`, HTML renderings, Jupyter progress, asyncio).
 
+mod deployment;
 mod errors;
+mod events;
+mod plan;
+mod runtime;
+mod testbed;
 
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use spark_deploy_core::config::{self, DeploymentConfig, ValidatedConfig};
-use spark_deploy_core::plan::Plan as CorePlan;
 
 use errors::config_error;
 
 /// Converts a serde value into Python objects through the `json` module.
-fn to_py<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn to_py<'py>(
+    py: Python<'py>,
+    value: &impl serde::Serialize,
+) -> PyResult<Bound<'py, PyAny>> {
     let text = serde_json::to_string(value)
         .map_err(|e| errors::SparkDeployError::new_err(e.to_string()))?;
     py.import("json")?.call_method1("loads", (text,))
 }
 
-fn home() -> PathBuf {
+pub(crate) fn home() -> PathBuf {
     std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from)
 }
 
 /// A deployment configuration (TOML file + environment overrides under the recipe's names).
 ///
-/// Create one with `Config.load(path)` or `Config.from_dict(d)`; check it with `validate()`.
+/// Create one with ``Config.load(path)`` or ``Config.from_dict(d)``; check it with ``validate()``;
+/// hand it to ``Plan.standard(config)`` or ``Deployment(config)``.
 #[pyclass(module = "spark_deploy", frozen)]
 #[derive(Clone)]
-struct Config {
-    inner: DeploymentConfig,
+pub(crate) struct Config {
+    pub(crate) inner: DeploymentConfig,
 }
 
 #[pymethods]
@@ -42,6 +58,9 @@ impl Config {
     /// Args:
     ///     path: TOML file, or None for the built-in defaults.
     ///     env: a dict used instead of `os.environ` for the overrides (WORKER, CONTEXT, HF_TOKEN, ...).
+    ///
+    /// Returns:
+    ///     The config (not yet validated: see ``validate()``).
     ///
     /// Raises:
     ///     ConfigError: unreadable file, unknown key, bad value (``.field`` names it).
@@ -61,6 +80,12 @@ impl Config {
 
     /// Builds a config from a dict shaped like the TOML file (missing keys take defaults).
     ///
+    /// Args:
+    ///     data: ``{"serving": {"context": 262144}, "nodes": [...], ...}``.
+    ///
+    /// Returns:
+    ///     The config (not yet validated: see ``validate()``).
+    ///
     /// Raises:
     ///     ConfigError: unknown key or wrong type.
     #[staticmethod]
@@ -78,7 +103,10 @@ impl Config {
         Ok(Self { inner })
     }
 
-    /// Validates every field; returns the warnings (risky but accepted values) as dicts.
+    /// Validates every field.
+    ///
+    /// Returns:
+    ///     The warnings (risky but accepted values) as dicts with ``field`` and the reason.
     ///
     /// Raises:
     ///     ConfigError: with ``.field`` (first refused field) and ``.problems`` (every one).
@@ -87,7 +115,10 @@ impl Config {
         to_py(py, &v.warnings())
     }
 
-    /// The config as a dict (secrets are never included).
+    /// The config as a dict shaped like the TOML file.
+    ///
+    /// Returns:
+    ///     The dict (secrets are never included).
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         to_py(py, &self.inner)
     }
@@ -104,56 +135,24 @@ impl Config {
 }
 
 impl Config {
-    fn validated(&self) -> PyResult<ValidatedConfig> {
+    pub(crate) fn validated(&self) -> PyResult<ValidatedConfig> {
         config::validate(self.inner.clone(), &home()).map_err(|e| config_error(&e))
     }
 }
 
-/// An ordered list of typed steps for one deployment.
-#[pyclass(module = "spark_deploy", frozen)]
-struct Plan {
-    inner: CorePlan,
-}
-
-#[pymethods]
-impl Plan {
-    /// The standard deployment: Preflight, FetchCheckpoint, BuildRankCache, ConfigureWorkerStorage,
-    /// BuildImage, LaunchRank, Smoke.
-    ///
-    /// Raises:
-    ///     ConfigError: when the config does not validate.
-    #[staticmethod]
-    fn standard(config: &Config) -> PyResult<Self> {
-        Ok(Self {
-            inner: CorePlan::standard(&config.validated()?),
-        })
-    }
-
-    /// The plan as plain data: deployment, warnings, nodes and every step's actions per node
-    /// (the same document as ``spark-deploy plan --json``).
-    fn describe<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        to_py(py, &self.inner.describe())
-    }
-
-    /// Step kinds in order.
-    fn steps(&self) -> Vec<String> {
-        self.inner
-            .steps()
-            .iter()
-            .map(|s| s.kind().title().to_owned())
-            .collect()
-    }
-
-    fn __repr__(&self) -> String {
-        format!("Plan({})", self.steps().join(" -> "))
-    }
-}
-
+/// Deploy one large model across NVIDIA DGX Sparks: the spark-deploy plan from Python.
+///
+/// ``Config`` → ``Plan`` / ``Deployment`` → ``Report``; failures raise ``StepError`` subclasses.
 #[pymodule]
 fn spark_deploy(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Config>()?;
-    m.add_class::<Plan>()?;
+    m.add_class::<plan::Plan>()?;
+    m.add_class::<deployment::Deployment>()?;
+    m.add_class::<testbed::Testbed>()?;
+    m.add("Report", plan::helpers(m.py())?.getattr("Report")?)?;
+    m.add_function(wrap_pyfunction!(testbed::testbed_up, m)?)?;
+    m.add_function(wrap_pyfunction!(testbed::testbed_down, m)?)?;
     errors::register(m)?;
     Ok(())
 }

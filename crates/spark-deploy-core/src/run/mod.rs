@@ -118,15 +118,28 @@ async fn run_step(step: &Step, ctx: &Context) -> Result<Outcome, StepFailure> {
             None,
         ));
     }
-    match step {
-        Step::Preflight(s) => s.run(ctx).await,
-        Step::FetchCheckpoint(s) => s.run(ctx).await,
-        Step::BuildRankCache(s) => s.run(ctx).await,
-        Step::ConfigureWorkerStorage(s) => s.run(ctx).await,
-        Step::BuildImage(s) => s.run(ctx).await,
-        Step::LaunchRank(s) => s.run(ctx).await,
-        Step::Smoke(s) => s.run(ctx).await,
-        Step::Stop(s) => s.run(ctx).await,
+    let work = async {
+        match step {
+            Step::Preflight(s) => s.run(ctx).await,
+            Step::FetchCheckpoint(s) => s.run(ctx).await,
+            Step::BuildRankCache(s) => s.run(ctx).await,
+            Step::ConfigureWorkerStorage(s) => s.run(ctx).await,
+            Step::BuildImage(s) => s.run(ctx).await,
+            Step::LaunchRank(s) => s.run(ctx).await,
+            Step::Smoke(s) => s.run(ctx).await,
+            Step::Stop(s) => s.run(ctx).await,
+        }
+    };
+    // LaunchRank and Stop always run to their end (bounded) so that the both-or-neither cleanup
+    // sees every container they started; every other step is abandoned at once on cancellation
+    // (its partial state is resumable: downloads and copies keep their partial files, preflight
+    // changes nothing).
+    if matches!(step.kind(), StepKind::LaunchRank | StepKind::Stop) {
+        return work.await;
+    }
+    tokio::select! {
+        r = work => r,
+        () = ctx.cancelled() => Err(StepFailure::new(step.kind(), "cancelled", None)),
     }
 }
 
@@ -209,5 +222,54 @@ impl Plan {
             }
         }
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::config::{DeploymentConfig, validate};
+    use crate::event::Recorder;
+
+    /// A worker whose sshd accepts and never answers: preflight waits on it until cancelled.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancel_abandons_a_waiting_preflight_at_once() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        let dir = tempfile::tempdir().unwrap();
+        let (id, kh) = (dir.path().join("id"), dir.path().join("known_hosts"));
+        std::fs::write(&id, "").unwrap();
+        std::fs::write(&kh, "").unwrap();
+        let mut raw = DeploymentConfig::default();
+        raw.deployment.testbed = true;
+        raw.deployment.name = "cancel-test-absent".into();
+        raw.deployment.state_dir = dir.path().join("state").display().to_string();
+        let w = &mut raw.nodes[1];
+        w.ssh = "root@127.0.0.1".into();
+        w.ssh_port = port;
+        w.identity_file = id.display().to_string();
+        w.known_hosts = kh.display().to_string();
+        let config = validate(raw, dir.path()).unwrap();
+        let ctx = Arc::new(Context::new(config.clone(), Arc::new(Recorder::default())));
+        let plan = Plan::from_steps(
+            &config,
+            vec![Step::Preflight(crate::steps::Preflight::new(&config))],
+        );
+        let c = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            c.cancel();
+        });
+        let t = Instant::now();
+        let err = plan.run(&ctx).await.unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(err.failure.step, StepKind::Preflight);
+        assert_eq!(err.failure.chain(), "cancelled");
+        assert_eq!(err.report.steps[0].status, "failed");
+        drop(accepted);
     }
 }

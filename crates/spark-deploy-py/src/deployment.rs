@@ -1,0 +1,257 @@
+//! `Deployment`: the handle notebooks use — bring it up, check it, stop it.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use spark_deploy_core::config::ValidatedConfig;
+use spark_deploy_core::engine::tensorfold::launch::container_name;
+use spark_deploy_core::event::Event;
+use spark_deploy_core::plan::{Plan as CorePlan, Step};
+use spark_deploy_core::run::Context;
+use spark_deploy_core::steps::Preflight;
+
+use crate::Config;
+use crate::events;
+use crate::plan::run_plan;
+
+/// One deployment described by a config: ``up()``, ``preflight()``, ``status()``, ``logs()``,
+/// ``stop()``, ``restart()``.
+///
+/// Args:
+///     config: the deployment config (validated here).
+///
+/// Raises:
+///     ConfigError: when the config does not validate.
+#[pyclass(module = "spark_deploy", frozen)]
+pub(crate) struct Deployment {
+    config: Config,
+    validated: ValidatedConfig,
+}
+
+#[pymethods]
+impl Deployment {
+    #[new]
+    fn new(config: &Config) -> PyResult<Self> {
+        let config = config.clone();
+        let validated = config.validated()?;
+        Ok(Self { config, validated })
+    }
+
+    /// The config this deployment was created from.
+    #[getter]
+    fn config(&self) -> Config {
+        self.config.clone()
+    }
+
+    /// The standard plan for this deployment (nothing runs).
+    ///
+    /// Returns:
+    ///     ``Plan.standard(config)``.
+    fn plan(&self) -> crate::plan::Plan {
+        crate::plan::Plan {
+            inner: CorePlan::standard(&self.validated),
+        }
+    }
+
+    /// Runs the standard plan: steps whose work is done are skipped with the reason; a failure
+    /// after a launch stops both ranks.
+    ///
+    /// Args:
+    ///     on_event: called on this thread with each event dict; None to ignore events.
+    ///
+    /// Returns:
+    ///     The run's ``Report``.
+    ///
+    /// Raises:
+    ///     SparkDeployError: the failed step's subclass (PreflightError, FetchError, ...).
+    ///     KeyboardInterrupt: after the run was cancelled and cleaned up.
+    #[pyo3(signature = (on_event=None))]
+    fn up<'py>(
+        &self,
+        py: Python<'py>,
+        on_event: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run_plan(
+            py,
+            &CorePlan::standard(&self.validated),
+            on_event.as_ref(),
+            None,
+        )
+    }
+
+    /// Checks every node (SSH, sudo, Docker, GPU clocks, memory, disk, fabric, ports); changes
+    /// nothing.
+    ///
+    /// Args:
+    ///     on_event: called on this thread with each event dict (one ``log`` per check).
+    ///
+    /// Returns:
+    ///     The run's ``Report``.
+    ///
+    /// Raises:
+    ///     PreflightError: a check failed (the ``log`` events name it and its remedy).
+    #[pyo3(signature = (on_event=None))]
+    fn preflight<'py>(
+        &self,
+        py: Python<'py>,
+        on_event: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let plan = CorePlan::from_steps(
+            &self.validated,
+            vec![Step::Preflight(Preflight::new(&self.validated))],
+        );
+        run_plan(py, &plan, on_event.as_ref(), None)
+    }
+
+    /// Stops every rank, rank 0 first, saving each log gzipped.
+    ///
+    /// Args:
+    ///     on_event: called on this thread with each event dict.
+    ///
+    /// Returns:
+    ///     The run's ``Report``.
+    ///
+    /// Raises:
+    ///     StopError: a rank could not be stopped.
+    #[pyo3(signature = (on_event=None))]
+    fn stop<'py>(
+        &self,
+        py: Python<'py>,
+        on_event: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        run_plan(
+            py,
+            &CorePlan::teardown(&self.validated),
+            on_event.as_ref(),
+            None,
+        )
+    }
+
+    /// Stops both ranks and starts both again, in one run (as ``spark-deploy restart``): the
+    /// teardown's Stop step followed by the standard plan, whose launch compares the fingerprint
+    /// anew.
+    ///
+    /// Args:
+    ///     on_event: called on this thread with each event dict.
+    ///
+    /// Returns:
+    ///     The run's ``Report`` (``stop`` first, then the standard steps).
+    ///
+    /// Raises:
+    ///     StepError: the failed step's subclass (StopError, PreflightError, ...).
+    ///     KeyboardInterrupt: after the run was cancelled and cleaned up.
+    #[pyo3(signature = (on_event=None))]
+    fn restart<'py>(
+        &self,
+        py: Python<'py>,
+        on_event: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut steps = CorePlan::teardown(&self.validated).steps().to_vec();
+        steps.extend(CorePlan::standard(&self.validated).steps().iter().cloned());
+        let plan = CorePlan::from_steps(&self.validated, steps);
+        run_plan(py, &plan, on_event.as_ref(), None)
+    }
+
+    /// The API key of the deployment (generated 0600 by the first ``up()``); never logged.
+    ///
+    /// Returns:
+    ///     The key, for ``openai.OpenAI(api_key=...)``.
+    ///
+    /// Raises:
+    ///     SparkDeployError: no key yet (run ``up()`` first) or it is unreadable.
+    fn api_key(&self) -> PyResult<String> {
+        let path = std::path::Path::new(&self.validated.config().serving.api_key_file);
+        spark_deploy_core::lifecycle::api_key::read(path)
+            .map(|k| k.expose().to_owned())
+            .map_err(|e| {
+                crate::errors::SparkDeployError::new_err(format!(
+                    "{e}; run up() first: it generates the key"
+                ))
+            })
+    }
+
+    /// The API's base URL on the head (``http://HOST:PORT/v1``; ``0.0.0.0`` becomes ``127.0.0.1``).
+    #[getter]
+    fn base_url(&self) -> String {
+        let s = &self.validated.config().serving;
+        let host = if s.host == "0.0.0.0" {
+            "127.0.0.1"
+        } else {
+            s.host.as_str()
+        };
+        format!("http://{host}:{}/v1", s.port)
+    }
+
+    /// The deployment's state, read-only: both ranks' containers, the served models, memory.
+    ///
+    /// Returns:
+    ///     A dict: ``overall`` (``running`` when every rank runs and the API answers, else
+    ///     ``down`` or ``degraded``), ``served`` (model ids, or None), ``served_error`` (why they
+    ///     could not be read, or None) and ``ranks``: one dict per rank with ``rank``, ``node``,
+    ///     ``container``, ``state`` (``running``, ``exited``, ``absent`` or an error),
+    ///     ``started_at``, ``fingerprint``, ``mem_available_gib``.
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let config = self.validated.clone();
+        let s = events::block(py, async move {
+            let ctx = Context::new(config, Arc::new(|_: Event| {}));
+            Ok(spark_deploy_core::lifecycle::status::status(&ctx).await)
+        })?;
+        let (served, served_error) = match &s.served {
+            Ok(v) => (Some(v.clone()), None),
+            Err(e) => (None, Some(e.clone())),
+        };
+        crate::to_py(
+            py,
+            &serde_json::json!({
+                "overall": s.overall,
+                "served": served,
+                "served_error": served_error,
+                "ranks": s.ranks,
+            }),
+        )
+    }
+
+    /// The engine log of one rank's container (stdout and stderr interleaved).
+    ///
+    /// Args:
+    ///     rank: 0 (the head, serving the API) or 1 (the worker).
+    ///     tail: only the last ``tail`` lines; None for the whole log.
+    ///
+    /// Returns:
+    ///     The log text ("" when the container does not exist).
+    ///
+    /// Raises:
+    ///     SparkDeployError: a node or its Docker daemon is unreachable.
+    ///     ValueError: no such rank.
+    #[pyo3(signature = (rank=0, tail=Some(200)), text_signature = "(self, /, rank=0, tail=200)")]
+    fn logs(&self, py: Python<'_>, rank: u32, tail: Option<usize>) -> PyResult<String> {
+        let config = self.validated.clone();
+        let index = usize::try_from(rank).unwrap_or(usize::MAX);
+        if index >= config.config().nodes.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "no rank {rank}: the deployment has {} node(s)",
+                config.config().nodes.len()
+            )));
+        }
+        let bytes = events::block(py, async move {
+            let ctx = Context::new(config.clone(), Arc::new(|_: Event| {}));
+            let container = container_name(&config.config().deployment.name, rank);
+            let docker = ctx.docker(index).await?;
+            if docker.inspect_container(&container).await?.is_none() {
+                return Ok(Vec::new());
+            }
+            Ok(docker.logs(&container, false, tail).await?)
+        })?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.validated.config();
+        format!(
+            "Deployment(name={:?}, model={:?}, nodes={})",
+            c.deployment.name,
+            c.model.id,
+            c.nodes.len()
+        )
+    }
+}
