@@ -20,8 +20,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="module")
 def testbed():
+    # The stand-in engine binary built by `cargo build --workspace --bins` (scripts/test).
+    os.environ.setdefault("SPARK_DEPLOY_STANDIN", str(ROOT / "target" / "debug" / "tf-standin"))
     tb = spark_deploy.testbed_up()
     try:
         yield tb

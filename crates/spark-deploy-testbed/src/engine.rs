@@ -47,7 +47,12 @@ pub async fn prepare(
     home: &Path,
     binary: Option<&Path>,
 ) -> Result<(), EngineError> {
-    let located = standin::locate_binary();
+    // `SPARK_DEPLOY_STANDIN` names the binary when this process is not a cargo-built executable
+    // (e.g. Python); otherwise it is found next to the executable.
+    let located = std::env::var_os("SPARK_DEPLOY_STANDIN")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_file())
+        .or_else(standin::locate_binary);
     let bin = binary
         .map(Path::to_path_buf)
         .or(located)
