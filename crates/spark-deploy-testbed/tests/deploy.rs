@@ -234,6 +234,62 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
     assert!(sent.iter().any(|l| l.contains(" 1 sent")), "{sent:?}");
     assert!(s.contains(&(StepKind::LaunchRank, "ran")), "{s:?}");
 
+    // 7b. On the prepared testbed: `up` from stopped, minus the ranks' own load time as the engine
+    //     reports it (rank 1's `loaded_s`), and LOG_KEEP: after log_keep + 2 down/up cycles only
+    //     log_keep logs per rank remain.
+    let mut keep1 = v.config().clone();
+    keep1.lifecycle.log_keep = 1;
+    let v3 = validate(keep1, home)?;
+    for cycle in 0..3 {
+        Plan::teardown(&v3)
+            .run(&Context::new(v3.clone(), Arc::new(Recorder::default())))
+            .await?;
+        let t = std::time::Instant::now();
+        Plan::standard(&v3)
+            .run(&Context::new(v3.clone(), Arc::new(Recorder::default())))
+            .await?;
+        let wall = t.elapsed().as_secs_f64();
+        let log = std::process::Command::new("docker")
+            .args(["logs", "sd-testbed-rank1"])
+            .output()?;
+        let loaded: f64 = String::from_utf8_lossy(&log.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find_map(|j| j["loaded_s"].as_f64())
+            .ok_or("rank 1 loaded line")?;
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!(
+                "cycle {cycle}: up from stopped {wall:.2} s, rank 1 loaded_s {loaded:.3} s, overhead {:.2} s",
+                wall - loaded
+            );
+        }
+    }
+    Plan::teardown(&v3)
+        .run(&Context::new(v3.clone(), Arc::new(Recorder::default())))
+        .await?;
+    let head_logs = PathBuf::from(&v3.config().nodes[0].data_dir).join("logs/sd-testbed");
+    let kept: Vec<_> = std::fs::read_dir(&head_logs)?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .ends_with("-sd-testbed-rank0.log.gz")
+        })
+        .collect();
+    assert_eq!(kept.len(), 1, "log_keep = 1 keeps one rank-0 log");
+    let gz = std::fs::read(kept[0].path())?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut text)?;
+    assert!(
+        text.contains("\"rank\": 0") || text.contains("split_proof"),
+        "the engine's output is inside: {}",
+        &text[..text.len().min(400)]
+    );
+    Plan::standard(&v)
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await?;
+
     // 8. Both ranks or neither: kill rank 1, then Smoke fails and stops rank 0 too.
     std::process::Command::new("docker")
         .args(["kill", "sd-testbed-rank1"])
