@@ -58,7 +58,11 @@ enum Command {
     /// Check every node; changes nothing.
     Preflight,
     /// Download the checkpoint, Engram shards and kit (pinned, resumable, verified).
-    Fetch,
+    Fetch {
+        /// Check the cache only, with no network (air-gapped nodes).
+        #[arg(long)]
+        verify_only: bool,
+    },
     /// Build, verify or preview per-rank weight files (TFDSRK01) without a GPU.
     RankCache(commands::rank_cache::RankCacheArgs),
     /// Two Sparks on one machine: bring the testbed up or down.
@@ -97,9 +101,13 @@ fn main() -> ExitCode {
             &global,
             commands::run::Which::Only(&[spark_deploy_core::plan::StepKind::Preflight]),
         ),
-        Command::Fetch => commands::run::run(
+        Command::Fetch { verify_only } => commands::run::run(
             &global,
-            commands::run::Which::Only(&[spark_deploy_core::plan::StepKind::FetchCheckpoint]),
+            if verify_only {
+                commands::run::Which::FetchVerifyOnly
+            } else {
+                commands::run::Which::Only(&[spark_deploy_core::plan::StepKind::FetchCheckpoint])
+            },
         ),
         Command::RankCache(args) => commands::rank_cache::run(args)
             .map_err(|e| exit::Failure::new(exit::RUNTIME, e.as_ref(), None)),

@@ -19,6 +19,8 @@ pub(crate) enum Which {
     Down,
     /// Validate, then stop both ranks and start both (the launch compares the fingerprint anew).
     Restart,
+    /// FetchCheckpoint in verify-only mode (no network).
+    FetchVerifyOnly,
     /// Only these steps of the standard plan.
     Only(&'static [StepKind]),
 }
@@ -48,6 +50,12 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
             steps.extend(Plan::standard(&config).steps().iter().cloned());
             Plan::from_steps(&config, steps)
         }
+        Which::FetchVerifyOnly => Plan::from_steps(
+            &config,
+            vec![Step::FetchCheckpoint(
+                spark_deploy_core::steps::FetchCheckpoint::new(&config).verify_only(),
+            )],
+        ),
         Which::Only(kinds) => {
             let steps: Vec<Step> = Plan::standard(&config)
                 .steps()

@@ -11,7 +11,7 @@ mod smoke;
 mod stop;
 mod storage;
 
-pub use fetch::{FetchCheckpoint, RepoFetch, hub_dir, snapshot_dir};
+pub use fetch::{CacheProblems, FetchCheckpoint, RepoFetch, hub_dir, snapshot_dir};
 pub use image::BuildImage;
 pub use launch::{LaunchError, LaunchRank};
 pub use preflight::{Preflight, PreflightFailed};

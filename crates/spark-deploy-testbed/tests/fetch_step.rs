@@ -1,0 +1,136 @@
+//! The FetchCheckpoint step against the testbed hub on loopback: the gated ABLIT overlay refuses
+//! without a token (naming the repo, never the token) and lands in its own cache with it;
+//! `verify-only` checks the cache with the hub stopped and finds a flipped byte (the Hub port's
+//! own tests show a normal run re-fetching a corrupt blob).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use spark_deploy_core::config::{DeploymentConfig, NodeConfig, validate};
+use spark_deploy_core::event::Recorder;
+use spark_deploy_core::plan::{Plan, Step};
+use spark_deploy_core::run::Context;
+use spark_deploy_core::secret::Secret;
+use spark_deploy_core::steps::FetchCheckpoint;
+use spark_deploy_testbed::demo::{KIT, MODEL, ORIGINAL, hub_tree};
+use spark_deploy_testbed::hub_server::{HubOptions, HubServer};
+
+const OVERLAY: &str = "testbed/dsv41-ablit";
+const TOKEN: &str = "hf_ablit_gated_token_4242";
+
+fn fetch_only(v: &spark_deploy_core::config::ValidatedConfig, verify_only: bool) -> Plan {
+    let f = FetchCheckpoint::new(v);
+    Plan::from_steps(
+        v,
+        vec![Step::FetchCheckpoint(if verify_only {
+            f.verify_only()
+        } else {
+            f
+        })],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ablit_overlay_gated_and_separate_and_verify_only_catches_a_flipped_byte() {
+    let d = tempfile::tempdir().unwrap();
+    let repos = d.path().join("repos");
+    hub_tree(&repos, 9).unwrap();
+    let overlay = repos.join(OVERLAY);
+    std::fs::create_dir_all(&overlay).unwrap();
+    let shard = std::fs::read_dir(repos.join(MODEL))
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        .unwrap();
+    std::fs::copy(shard.path(), overlay.join("overlay.safetensors")).unwrap();
+    std::fs::write(overlay.join("config.json"), b"{\"overlay\": true}").unwrap();
+    let hub = HubServer::start(
+        &repos,
+        "127.0.0.1:0".parse().unwrap(),
+        HubOptions {
+            gated: HashMap::from([(OVERLAY.to_owned(), TOKEN.to_owned())]),
+            ..HubOptions::default()
+        },
+    )
+    .unwrap();
+
+    let mut c = DeploymentConfig::default();
+    c.deployment.testbed = true;
+    c.deployment.state_dir = d.path().join("state").display().to_string();
+    c.hub.endpoint = hub.endpoint();
+    c.hub.cache = d.path().join("hf").display().to_string();
+    c.hub.ablit_cache = d.path().join("hf-ablit").display().to_string();
+    c.hub.token_file = d.path().join("no-token").display().to_string();
+    c.model.id = MODEL.into();
+    c.model.revision = hub.commit(MODEL).unwrap();
+    c.model.engram_repo = ORIGINAL.into();
+    c.model.engram_revision = hub.commit(ORIGINAL).unwrap();
+    c.model.engram_files = vec!["*.safetensors".into()];
+    c.model.kit_repo = KIT.into();
+    c.model.kit_revision = hub.commit(KIT).unwrap();
+    c.model.ablit = true;
+    c.model.ablit_id = OVERLAY.into();
+    c.model.ablit_revision = hub.commit(OVERLAY).unwrap();
+    c.nodes = vec![
+        NodeConfig::head(),
+        NodeConfig::worker("worker-1", "root@127.0.0.1"),
+    ];
+
+    // Without a token: the overlay is refused with the access message; the token never shows.
+    let v = validate(c.clone(), d.path()).unwrap();
+    let err = fetch_only(&v, false)
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await
+        .expect_err("gated");
+    let msg = format!("{err} {:?}", err.failure.remedy);
+    assert!(msg.contains(OVERLAY), "{msg}");
+    assert!(msg.to_lowercase().contains("token"), "{msg}");
+
+    // With the token: the overlay lands in the ABLIT cache only.
+    c.hub.token = Some(Secret::new(TOKEN));
+    let v = validate(c, d.path()).unwrap();
+    let rec = Recorder::default();
+    fetch_only(&v, false)
+        .run(&Context::new(v.clone(), Arc::new(rec.clone())))
+        .await
+        .unwrap();
+    let folder = "models--testbed--dsv41-ablit";
+    assert!(
+        d.path().join("hf-ablit/hub").join(folder).is_dir(),
+        "overlay in the ABLIT cache"
+    );
+    assert!(
+        !d.path().join("hf/hub").join(folder).exists(),
+        "never in the genuine cache"
+    );
+    for e in rec.events() {
+        assert!(
+            !format!("{e:?}").contains(TOKEN),
+            "token leaked into an event"
+        );
+    }
+
+    // verify-only: passes with no network (the hub is stopped), finds a flipped byte.
+    drop(hub);
+    let report = fetch_only(&v, true)
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await
+        .unwrap();
+    assert_eq!(report.steps[0].status, "skipped", "{report:?}");
+    let blobs = d.path().join("hf/hub/models--testbed--dsv41-exl3/blobs");
+    let blob = std::fs::read_dir(&blobs)
+        .unwrap()
+        .filter_map(Result::ok)
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .path();
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    std::fs::write(&blob, &bytes).unwrap();
+    let err = fetch_only(&v, true)
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await
+        .expect_err("corrupt");
+    assert!(err.to_string().contains("testbed/dsv41-exl3"), "{err}");
+}
