@@ -146,10 +146,12 @@ impl Deployment {
         py: Python<'py>,
         on_event: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let mut steps = CorePlan::teardown(&self.validated).steps().to_vec();
-        steps.extend(CorePlan::standard(&self.validated).steps().iter().cloned());
-        let plan = CorePlan::from_steps(&self.validated, steps);
-        run_plan(py, &plan, on_event.as_ref(), None)
+        run_plan(
+            py,
+            &CorePlan::restart(&self.validated),
+            on_event.as_ref(),
+            None,
+        )
     }
 
     /// The API key of the deployment (generated 0600 by the first ``up()``); never logged.

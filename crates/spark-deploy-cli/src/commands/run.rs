@@ -44,12 +44,7 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
     let plan = match which {
         Which::Up => Plan::standard(&config),
         Which::Down => Plan::teardown(&config),
-        Which::Restart => {
-            // The config is validated (above) before anything is stopped.
-            let mut steps = Plan::teardown(&config).steps().to_vec();
-            steps.extend(Plan::standard(&config).steps().iter().cloned());
-            Plan::from_steps(&config, steps)
-        }
+        Which::Restart => Plan::restart(&config),
         Which::FetchVerifyOnly => Plan::from_steps(
             &config,
             vec![Step::FetchCheckpoint(

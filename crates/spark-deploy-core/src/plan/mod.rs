@@ -162,6 +162,16 @@ impl Plan {
         }
     }
 
+    /// Restart: the teardown's Stop followed by the standard plan (whose launch compares the
+    /// fingerprint anew). The config was validated before this plan exists, so nothing is
+    /// stopped for an invalid config.
+    #[must_use]
+    pub fn restart(config: &ValidatedConfig) -> Self {
+        let mut plan = Self::standard(config);
+        plan.steps.insert(0, Step::Stop(Stop::new(config)));
+        plan
+    }
+
     /// A custom plan of the given steps.
     #[must_use]
     pub fn from_steps(config: &ValidatedConfig, steps: Vec<Step>) -> Self {
