@@ -97,10 +97,7 @@ fn main() -> ExitCode {
         Command::Demo => commands::demo::run(&global),
         Command::Up => commands::run::run(&global, commands::run::Which::Up),
         Command::Down => commands::run::run(&global, commands::run::Which::Down),
-        Command::Preflight => commands::run::run(
-            &global,
-            commands::run::Which::Only(&[spark_deploy_core::plan::StepKind::Preflight]),
-        ),
+        Command::Preflight => commands::run::run(&global, commands::run::Which::Preflight),
         Command::Fetch { verify_only } => commands::run::run(
             &global,
             if verify_only {

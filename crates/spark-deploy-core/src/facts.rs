@@ -1,12 +1,12 @@
 //! Values only preflight or fetch can know, as data: either the detected value or an explicit
 //! placeholder naming what will be detected where — never an empty string.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{NodeConfig, ValidatedConfig};
 
 /// Per-node facts the launch needs (ENGINE-CONTRACT.md §12.4).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeFacts {
     /// Node name.
     pub node: String,

@@ -99,7 +99,7 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
             .contains("rank1of2-")
     );
 
-    // 2. A second `up` on the running pair skips every step but Preflight, in seconds.
+    // 2. A second `up` on the running pair skips every step, Preflight included, in seconds.
     let t = std::time::Instant::now();
     let rec = Recorder::default();
     Plan::standard(&v)
@@ -108,6 +108,7 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
     let up_again = t.elapsed();
     let s = steps(&rec.events());
     for k in [
+        StepKind::Preflight,
         StepKind::FetchCheckpoint,
         StepKind::BuildRankCache,
         StepKind::ConfigureWorkerStorage,
@@ -120,6 +121,7 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
             "{k:?} must be skipped while running: {s:?}"
         );
     }
+    assert_eq!(s.len(), 7, "{s:?}");
     #[allow(clippy::print_stderr)]
     {
         eprintln!("second up on the running deployment: {up_again:?}");
@@ -140,9 +142,17 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
     let mut changed = v.config().clone();
     changed.serving.context = 3072;
     let v2 = validate(changed, home)?;
+    let rec = Recorder::default();
     Plan::standard(&v2)
-        .run(&Context::new(v2.clone(), Arc::new(Recorder::default())))
+        .run(&Context::new(v2.clone(), Arc::new(rec.clone())))
         .await?;
+    let s = steps(&rec.events());
+    for k in [StepKind::Preflight, StepKind::LaunchRank, StepKind::Smoke] {
+        assert!(
+            s.contains(&(k, "ran")),
+            "{k:?} must run for a changed config: {s:?}"
+        );
+    }
     let cmd = std::process::Command::new("docker")
         .args(["inspect", "-f", "{{json .Config.Cmd}}", "sd-testbed-rank1"])
         .output()?;

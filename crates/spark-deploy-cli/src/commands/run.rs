@@ -19,6 +19,8 @@ pub(crate) enum Which {
     Down,
     /// Validate, then stop both ranks and start both (the launch compares the fingerprint anew).
     Restart,
+    /// Every preflight check, also while the deployment runs.
+    Preflight,
     /// FetchCheckpoint in verify-only mode (no network).
     FetchVerifyOnly,
     /// Only these steps of the standard plan.
@@ -50,6 +52,12 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
             vec![Step::FetchCheckpoint(
                 spark_deploy_core::steps::FetchCheckpoint::new(&config).verify_only(),
             )],
+        ),
+        Which::Preflight => Plan::from_steps(
+            &config,
+            vec![Step::Preflight(spark_deploy_core::steps::Preflight::new(
+                &config,
+            ))],
         ),
         Which::Only(kinds) => {
             let steps: Vec<Step> = Plan::standard(&config)

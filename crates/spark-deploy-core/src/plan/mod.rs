@@ -136,7 +136,7 @@ impl Plan {
     #[must_use]
     pub fn standard_with_facts(config: &ValidatedConfig, facts: DeploymentFacts) -> Self {
         let steps = vec![
-            Step::Preflight(Preflight::new(config)),
+            Step::Preflight(Preflight::new(config).skip_when_running()),
             Step::FetchCheckpoint(FetchCheckpoint::new(config)),
             Step::BuildRankCache(BuildRankCache::new(config)),
             Step::ConfigureWorkerStorage(ConfigureWorkerStorage::new(config, &facts)),

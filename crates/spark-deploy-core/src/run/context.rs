@@ -55,6 +55,7 @@ pub struct Context {
     cancel_tx: watch::Sender<bool>,
     started: Mutex<Vec<(usize, String)>>,
     already_running: std::sync::atomic::AtomicBool,
+    preflight_deferred: std::sync::atomic::AtomicBool,
     preflight: Mutex<Option<PreflightReport>>,
 }
 
@@ -93,6 +94,7 @@ impl Context {
             cancel_tx,
             started: Mutex::new(Vec::new()),
             already_running: std::sync::atomic::AtomicBool::new(false),
+            preflight_deferred: std::sync::atomic::AtomicBool::new(false),
             preflight: Mutex::new(None),
         }
     }
@@ -212,6 +214,21 @@ impl Context {
     #[must_use]
     pub fn already_running(&self) -> bool {
         self.already_running
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Records that Preflight was skipped because the recorded pair runs unchanged; a launch that
+    /// must (re)start ranks after all runs it first.
+    pub fn set_preflight_deferred(&self, deferred: bool) {
+        self.preflight_deferred
+            .store(deferred, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether Preflight was skipped on a running, unchanged pair (see
+    /// [`Context::set_preflight_deferred`]).
+    #[must_use]
+    pub fn preflight_deferred(&self) -> bool {
+        self.preflight_deferred
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 

@@ -175,6 +175,35 @@ async fn identity(ctx: &Context, spec: &ContainerSpec) -> Result<InputIdentity, 
     Ok(id)
 }
 
+/// The rank specs for the facts learned so far and their cross-rank fingerprint.
+async fn resolve(ctx: &Context) -> Result<(Vec<ContainerSpec>, String), LaunchError> {
+    let specs = rank_specs(ctx.config(), &ctx.facts());
+    for s in &specs {
+        let values = s
+            .argv
+            .iter()
+            .chain(s.env.values())
+            .chain(s.mounts.iter().map(|m| &m.source));
+        if let Some(v) = values
+            .into_iter()
+            .find(|v| v.contains("detected at preflight>") || v.contains("resolved at fetch>"))
+        {
+            return Err(LaunchError::Unresolved {
+                rank: s.rank,
+                node: s.node.clone(),
+                value: v.clone(),
+            });
+        }
+    }
+    let mut ranks_settings = Vec::new();
+    for s in &specs {
+        let id = identity(ctx, s).await?;
+        ranks_settings.push((s.rank, RankSettings::of(s, &id)));
+    }
+    let fingerprint = compare(&ranks_settings).map_err(LaunchError::Mismatch)?;
+    Ok((specs, fingerprint))
+}
+
 impl LaunchRank {
     /// Resolves the specs with the facts learned so far, compares the fingerprint, then starts
     /// the ranks in order (followers first).
@@ -183,31 +212,7 @@ impl LaunchRank {
             let remedy = matches!(e, LaunchError::Mismatch(_)).then(|| "rebuild the inputs on both nodes from the same plan (`spark-deploy up` re-runs BuildRankCache and ConfigureWorkerStorage)".to_owned());
             StepFailure::new(StepKind::LaunchRank, e, remedy)
         };
-        let facts = ctx.facts();
-        let mut specs = rank_specs(ctx.config(), &facts);
-        for s in &specs {
-            let values = s
-                .argv
-                .iter()
-                .chain(s.env.values())
-                .chain(s.mounts.iter().map(|m| &m.source));
-            if let Some(v) = values
-                .into_iter()
-                .find(|v| v.contains("detected at preflight>") || v.contains("resolved at fetch>"))
-            {
-                return Err(fail(LaunchError::Unresolved {
-                    rank: s.rank,
-                    node: s.node.clone(),
-                    value: v.clone(),
-                }));
-            }
-        }
-        let mut ranks_settings = Vec::new();
-        for s in &specs {
-            let id = identity(ctx, s).await.map_err(fail)?;
-            ranks_settings.push((s.rank, RankSettings::of(s, &id)));
-        }
-        let fingerprint = compare(&ranks_settings).map_err(|m| fail(LaunchError::Mismatch(m)))?;
+        let (mut specs, mut fingerprint) = resolve(ctx).await.map_err(fail)?;
         // Already running with exactly these settings: nothing to do. Running with other settings
         // (a changed CONTEXT, a rebuilt input) or only partly: stop both, then start both.
         let mut running = Vec::new();
@@ -237,12 +242,25 @@ impl LaunchRank {
             .all(|(r, fp)| *r && fp.as_deref() == Some(fingerprint.as_str()))
         {
             ctx.set_already_running();
+            record_launch(ctx, &specs, &fingerprint).await;
             return Ok(Outcome::Skipped {
                 reason: format!(
                     "both ranks already running with fingerprint {}",
                     &fingerprint[..12]
                 ),
             });
+        }
+        if ctx.preflight_deferred() {
+            // Preflight was skipped for a pair that looked unchanged, yet ranks must start: check
+            // the nodes now, before anything stops or starts.
+            ctx.log(
+                StepKind::LaunchRank,
+                None,
+                Level::Info,
+                "the ranks must (re)start: running the deferred preflight first",
+            );
+            super::Preflight::new(ctx.config()).check(ctx).await?;
+            (specs, fingerprint) = resolve(ctx).await.map_err(fail)?;
         }
         if running.iter().any(|(r, _)| *r) {
             ctx.log(StepKind::LaunchRank, None, Level::Warn, "the running ranks differ from the plan (settings or inputs changed): stopping both before starting both");
@@ -300,6 +318,52 @@ impl LaunchRank {
                 }
             }
         }
+        record_launch(ctx, &specs, &fingerprint).await;
         Ok(Outcome::Done { bytes: None })
+    }
+}
+
+/// Writes the launch record (config hash, facts, container IDs) that lets the next `up` skip
+/// preflight while this pair runs. A record that cannot be written only costs that skip.
+async fn record_launch(ctx: &Context, specs: &[ContainerSpec], fingerprint: &str) {
+    use crate::lifecycle::launch_record::{self, LaunchRecord, LaunchedRank};
+    let mut ranks = Vec::new();
+    for s in specs {
+        let i = ranks::node_index(ctx, &s.node);
+        let Ok(d) = ctx.docker(i).await else { return };
+        let Some(id) = d
+            .inspect_container(&s.name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.id)
+        else {
+            return;
+        };
+        ranks.push(LaunchedRank {
+            node: i,
+            name: s.name.clone(),
+            id,
+        });
+    }
+    let facts = ctx.facts();
+    let record = LaunchRecord {
+        config_sha256: launch_record::config_sha256(ctx.config()),
+        fingerprint: fingerprint.to_owned(),
+        model_commit: facts.model_commit,
+        nodes: facts.nodes,
+        ranks,
+        at_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let state_dir = std::path::Path::new(&ctx.config().config().deployment.state_dir);
+    if let Err(e) = launch_record::write(state_dir, &record) {
+        ctx.log(
+            StepKind::LaunchRank,
+            None,
+            Level::Warn,
+            format!("{e}: the next `up` will run preflight again"),
+        );
     }
 }

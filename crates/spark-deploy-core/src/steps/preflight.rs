@@ -30,6 +30,10 @@ pub struct Preflight {
     pub api_port: u16,
     /// Rendezvous port that must be free on the head's fabric address.
     pub rendezvous_port: u16,
+    /// Skip when the pair of the last launch still runs with this very config (its launch record
+    /// matches): `up` on a running deployment. A launch that must restart ranks after all runs
+    /// the deferred checks first.
+    pub skip_when_running: bool,
 }
 
 impl Preflight {
@@ -42,7 +46,16 @@ impl Preflight {
             min_avail_gib: c.lifecycle.min_avail_gib,
             api_port: c.serving.port,
             rendezvous_port: c.engine.rendezvous_port,
+            skip_when_running: false,
         }
+    }
+
+    /// The same checks, skipped while the recorded pair runs unchanged (the standard plan's
+    /// preflight).
+    #[must_use]
+    pub fn skip_when_running(mut self) -> Self {
+        self.skip_when_running = true;
+        self
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
@@ -65,10 +78,12 @@ impl Preflight {
                 Action::with(node, "collect facts and decide", ActionDetail::Checks { checks })
             })
             .collect();
-        (
-            "check every node before anything changes".to_owned(),
-            actions,
-        )
+        let summary = if self.skip_when_running {
+            "check every node before anything changes (skipped while the last launch's pair runs with this config)"
+        } else {
+            "check every node before anything changes"
+        };
+        (summary.to_owned(), actions)
     }
 }
 
@@ -330,6 +345,39 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
     f
 }
 
+/// When the rank containers of the last launch all still run (same container IDs) and that launch
+/// used this very config, restores the facts it was launched with, marks preflight deferred and
+/// says why it is skipped. `None` (run the checks) in every other case, also when the record is
+/// unreadable.
+async fn unchanged_running_pair(ctx: &Context) -> Option<String> {
+    use crate::lifecycle::launch_record;
+    let state_dir = Path::new(&ctx.config().config().deployment.state_dir);
+    let record = launch_record::read(state_dir).ok().flatten()?;
+    if record.config_sha256 != launch_record::config_sha256(ctx.config())
+        || record.ranks.len() != ctx.config().config().nodes.len()
+        || record.nodes.len() != ctx.config().config().nodes.len()
+    {
+        return None;
+    }
+    for r in &record.ranks {
+        let d = ctx.docker(r.node).await.ok()?;
+        let info = d.inspect_container(&r.name).await.ok().flatten()?;
+        let running = info.state.and_then(|s| s.running).unwrap_or(false);
+        if !running || info.id.as_deref() != Some(r.id.as_str()) {
+            return None;
+        }
+    }
+    ctx.update_facts(|f| {
+        f.model_commit.clone_from(&record.model_commit);
+        f.nodes.clone_from(&record.nodes);
+    });
+    ctx.set_preflight_deferred(true);
+    Some(format!(
+        "both ranks run unchanged (fingerprint {}) since a launch that passed preflight with this config; `spark-deploy preflight` checks the nodes now",
+        record.fingerprint.get(..12).unwrap_or(&record.fingerprint)
+    ))
+}
+
 fn port_free(addr: &str) -> bool {
     std::net::TcpListener::bind(addr).is_ok()
 }
@@ -338,6 +386,17 @@ impl Preflight {
     /// Checks every node in parallel, records the detected facts, and fails with the table when
     /// any check fails.
     pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        if self.skip_when_running
+            && let Some(reason) = unchanged_running_pair(ctx).await
+        {
+            return Ok(Outcome::Skipped { reason });
+        }
+        self.check(ctx).await
+    }
+
+    /// Runs every check (also the deferred preflight of a launch that must restart the ranks).
+    pub(crate) async fn check(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        ctx.set_preflight_deferred(false);
         let c = ctx.config().config();
         let addrs: Vec<Option<Ipv4Addr>> = c.nodes.iter().map(|n| n.fabric_addr).collect();
         let peers: Vec<Option<Ipv4Addr>> = (0..c.nodes.len())
