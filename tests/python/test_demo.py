@@ -17,6 +17,11 @@ EXE = ROOT / "target" / "debug" / "spark-deploy"
 STATE = pathlib.Path(os.environ.get("SPARK_DEPLOY_TESTBED_DIR", "/var/tmp/spark-deploy-testbed"))
 
 
+def last_json(out):
+    """The final JSON document of a `--json` run (events come first, one JSON line each)."""
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def sd(*args, check=True):
     return subprocess.run([str(EXE), *args], capture_output=True, text=True, check=check, timeout=900)
 
@@ -39,6 +44,25 @@ def test_demo_serves_openai_clients_through_both_ranks():
         assert r.choices[0].message.content.strip() == "42"
         health = json.loads(subprocess.run(["curl", "-s", "http://127.0.0.1:8888/health"], capture_output=True, text=True).stdout)
         assert health["status"] == "ok"
+
+        # `preflight --json` checks both nodes for real (the worker over SSH) while the pair runs;
+        # the GPU and RoCE rows are decided on the testbed's fixtures and say so.
+        pre = last_json(sd("--config", str(config), "--json", "preflight").stdout)
+        rows = pre["preflight"]["results"]
+        by = {(r["check"], r["node"]): r for r in rows}
+        for node in ("head", "worker-1"):
+            for check in ("docker", "docker.gpu", "gpu.containers", "memory.available", "fabric.addr", "disk"):
+                assert (check, node) in by, (check, node, sorted(by))
+            for check in ("gpu", "gpu.processes", "fabric.roce"):
+                assert by[(check, node)]["observed"].startswith("[testbed fixture "), by[(check, node)]
+            assert "RoCE v2 GID index 3" in by[("fabric.roce", node)]["observed"]
+        assert ("ssh", "worker-1") in by and by[("ssh", "worker-1")]["verdict"] == "ok"
+        assert by[("gpu.clocks", "all")]["observed"].startswith("[testbed fixture ")
+        assert all(r["verdict"] != "fail" for r in rows), [r for r in rows if r["verdict"] == "fail"]
+
+        # A second `up` on the running, unchanged pair skips every step, Preflight included.
+        again = last_json(sd("--config", str(config), "--json", "up").stdout)
+        assert [s["status"] for s in again["report"]["steps"]] == ["skipped"] * 7, again
         down = sd("--config", str(config), "down")
         assert "log saved to" in down.stderr, down.stderr
         left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=io.spark-deploy.deployment=sd-testbed"], capture_output=True, text=True).stdout

@@ -69,5 +69,6 @@ pub async fn prepare(
     config.model.kit_repo = KIT.into();
     config.model.kit_revision = hub.commit(KIT).ok_or("kit commit")?;
     crate::engine::prepare(&mut config, home, None).await?;
+    crate::host_facts::install(&config, home).await?;
     Ok((hub, config))
 }

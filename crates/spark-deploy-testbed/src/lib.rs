@@ -5,5 +5,6 @@ pub mod cluster;
 pub mod demo;
 pub mod deployment;
 pub mod engine;
+pub mod host_facts;
 pub mod hub_server;
 pub mod standin;

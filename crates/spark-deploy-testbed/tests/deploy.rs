@@ -99,6 +99,53 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
             .contains("rank1of2-")
     );
 
+    // Preflight decided the GPU and RoCE checks on the nodes' fixtures, said so, and handed the
+    // GID index it found in the (fixture) sysfs of each node to that node's rank.
+    let table = ctx.preflight_report().ok_or("preflight report")?;
+    for node in ["head", "worker-1"] {
+        for check in ["gpu", "gpu.processes", "fabric.roce"] {
+            let r = table
+                .results
+                .iter()
+                .find(|r| r.check == check && r.node == node)
+                .ok_or_else(|| format!("no {check} row for {node}: {table:#?}"))?;
+            assert!(r.observed.starts_with("[testbed fixture "), "{r:?}");
+        }
+        for check in [
+            "docker.gpu",
+            "gpu.containers",
+            "fabric.addr",
+            "memory.available",
+        ] {
+            assert!(
+                table
+                    .results
+                    .iter()
+                    .any(|r| r.check == check && r.node == node),
+                "no {check} row for {node}"
+            );
+        }
+    }
+    for rank in 0..2 {
+        let env = std::process::Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{json .Config.Env}}",
+                &format!("sd-testbed-rank{rank}"),
+            ])
+            .output()?;
+        let env = String::from_utf8_lossy(&env.stdout);
+        assert!(
+            env.contains("\"NCCL_IB_GID_INDEX=3\""),
+            "rank {rank}: {env}"
+        );
+        assert!(
+            env.contains("\"NCCL_IB_HCA=rocep1s0f1\""),
+            "rank {rank}: {env}"
+        );
+    }
+
     // 2. A second `up` on the running pair skips every step, Preflight included, in seconds.
     let t = std::time::Instant::now();
     let rec = Recorder::default();

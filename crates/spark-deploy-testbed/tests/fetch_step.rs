@@ -1,7 +1,8 @@
 //! The FetchCheckpoint step against the testbed hub on loopback: the gated ABLIT overlay refuses
 //! without a token (naming the repo, never the token) and lands in its own cache with it;
 //! `verify-only` checks the cache with the hub stopped and finds a flipped byte (the Hub port's
-//! own tests show a normal run re-fetching a corrupt blob).
+//! own tests show a normal run re-fetching a corrupt blob); a normal run with the hub stopped
+//! stands on the pinned cache while it verifies, and fails when it does not.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -117,6 +118,15 @@ async fn ablit_overlay_gated_and_separate_and_verify_only_catches_a_flipped_byte
         .await
         .unwrap();
     assert_eq!(report.steps[0].status, "skipped", "{report:?}");
+    // A normal run with the Hub unreachable stands on the pinned, verified cache.
+    let rec = Recorder::default();
+    let report = fetch_only(&v, false)
+        .run(&Context::new(v.clone(), Arc::new(rec.clone())))
+        .await
+        .unwrap();
+    assert_eq!(report.steps[0].status, "skipped", "{report:?}");
+    let detail = report.steps[0].detail.clone().unwrap_or_default();
+    assert!(detail.contains("Hub unreachable"), "{detail}");
     let blobs = d.path().join("hf/hub/models--testbed--dsv41-exl3/blobs");
     let blob = std::fs::read_dir(&blobs)
         .unwrap()
@@ -133,4 +143,10 @@ async fn ablit_overlay_gated_and_separate_and_verify_only_catches_a_flipped_byte
         .await
         .expect_err("corrupt");
     assert!(err.to_string().contains("testbed/dsv41-exl3"), "{err}");
+    // ... but not on a cache that no longer verifies: the Hub's error stands.
+    let err = fetch_only(&v, false)
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await
+        .expect_err("unreachable hub and a corrupt cache");
+    assert!(err.to_string().contains("failed"), "{err}");
 }

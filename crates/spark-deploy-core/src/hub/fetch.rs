@@ -96,6 +96,18 @@ pub enum FetchError {
     Cache(#[from] CacheError),
 }
 
+impl FetchError {
+    /// Whether the Hub could not be reached at all (connection refused, DNS, TLS, timeout), as
+    /// opposed to refusing or answering wrongly: a pinned, fully verified cache may then stand in.
+    #[must_use]
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            Self::Hub(HubError::Api { .. } | HubError::Transport { .. })
+        )
+    }
+}
+
 /// One file of a finished fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchedFile {

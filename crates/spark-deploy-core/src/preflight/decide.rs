@@ -132,8 +132,22 @@ pub struct NodeFacts {
     pub sudo: bool,
     /// The Docker probe.
     pub docker: DockerProbe,
-    /// `nvidia-smi -q -d CLOCK` (`None` on the testbed).
+    /// Where the GPU and RoCE facts below come from when they are not the node's own (a testbed
+    /// fixture directory); every row they decide says so.
+    pub fixture: Option<String>,
+    /// `nvidia-smi -q -d CLOCK` (`None` on a testbed without fixtures).
     pub smi: Option<Result<String, String>>,
+    /// `nvidia-smi --query-gpu=name --format=csv,noheader`: one model name per GPU.
+    pub gpu_model: Option<Result<String, String>>,
+    /// `nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader`.
+    pub gpu_processes: Option<Result<String, String>>,
+    /// The Docker daemon's runtimes (`docker info`).
+    pub runtimes: Option<Result<Vec<String>, String>>,
+    /// Running GPU containers that are not this deployment's ranks.
+    pub gpu_containers: Option<Result<Vec<String>, String>>,
+    /// This deployment's own rank runs on the node (it holds the GPU and its ports until the
+    /// launch restarts it).
+    pub own_rank_running: bool,
     /// `/proc/meminfo`.
     pub meminfo: Result<String, String>,
     /// The directories that receive data, each with its `df` and what still has to land there.
@@ -164,7 +178,13 @@ impl NodeFacts {
             reach: Err("not collected".to_owned()),
             sudo: false,
             docker: DockerProbe::Unreachable("not collected".to_owned()),
+            fixture: None,
             smi: None,
+            gpu_model: None,
+            gpu_processes: None,
+            runtimes: None,
+            gpu_containers: None,
+            own_rank_running: false,
             meminfo: missing(),
             disks: Vec::new(),
             route: None,
@@ -359,20 +379,136 @@ fn decide_node(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Detec
             "the Docker socket must be reachable (through SSH for workers)",
         ),
     });
-    if s.testbed {
-        out.push(CheckResult::ok("gpu", n, "testbed: no GPU required"));
-    } else if let Some(Err(e)) = &f.smi {
-        out.push(CheckResult::fail(
-            "gpu",
-            n,
-            e.clone(),
-            "install the NVIDIA driver; `nvidia-smi` must work on every node",
-        ));
-    }
+    decide_gpu(s, f, out);
     decide_memory(s, f, out);
     decide_disk(f, out);
     decide_fabric(s, f, out, &mut d);
     d
+}
+
+/// Docker's GPU runtime, the driver, and nothing else holding the GPU.
+fn decide_gpu(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
+    let n = f.name.as_str();
+    match &f.runtimes {
+        Some(Ok(runtimes)) => {
+            let observed = format!("runtimes: {}", runtimes.join(", "));
+            out.push(if runtimes.iter().any(|r| r == "nvidia") {
+                CheckResult::ok("docker.gpu", n, observed)
+            } else if s.testbed {
+                CheckResult::ok("docker.gpu", n, format!("{observed} (testbed: the stand-in needs no GPU runtime)"))
+            } else {
+                CheckResult::fail(
+                    "docker.gpu",
+                    n,
+                    observed,
+                    "install the NVIDIA Container Toolkit and register it: `sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker`",
+                )
+            });
+        }
+        Some(Err(e)) => out.push(CheckResult::fail(
+            "docker.gpu",
+            n,
+            e.clone(),
+            "`docker info` must answer on the node",
+        )),
+        None => {}
+    }
+    match &f.gpu_containers {
+        Some(Ok(names)) if names.is_empty() => {
+            out.push(CheckResult::ok(
+                "gpu.containers",
+                n,
+                "no other GPU container",
+            ));
+        }
+        Some(Ok(names)) => out.push(CheckResult::fail(
+            "gpu.containers",
+            n,
+            format!("running GPU containers: {}", names.join(", ")),
+            format!(
+                "stop them first: `docker stop {}` (on {n})",
+                names.join(" ")
+            ),
+        )),
+        Some(Err(e)) => out.push(CheckResult::fail(
+            "gpu.containers",
+            n,
+            e.clone(),
+            "the Docker daemon must list and inspect containers",
+        )),
+        None => {}
+    }
+    if s.testbed && f.smi.is_none() {
+        out.push(CheckResult::ok("gpu", n, "testbed: no GPU required"));
+        return;
+    }
+    match &f.smi {
+        Some(Err(e)) => out.push(CheckResult::fail(
+            "gpu",
+            n,
+            e.clone(),
+            "install the NVIDIA driver; `nvidia-smi` must work on every node",
+        )),
+        Some(Ok(_)) => out.push(match &f.gpu_model {
+            Some(Ok(names)) => {
+                let names: Vec<&str> = names.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+                let observed = match names.first() {
+                    Some(first) if names.iter().all(|m| m == first) => format!("{} × {first}", names.len()),
+                    _ => names.join(", "),
+                };
+                if !names.is_empty() && names.iter().all(|m| m.contains("GB10")) {
+                    CheckResult::ok("gpu", n, observed)
+                } else {
+                    CheckResult::warn(
+                        "gpu",
+                        n,
+                        observed,
+                        "the engine profile and memory budget are made for the DGX Spark's GB10 (one GPU per node); expect other limits elsewhere",
+                    )
+                }
+            }
+            Some(Err(e)) => CheckResult::fail(
+                "gpu",
+                n,
+                e.clone(),
+                "`nvidia-smi --query-gpu=name` must work on every node",
+            ),
+            None => CheckResult::ok("gpu", n, "nvidia-smi answers"),
+        }),
+        None => {}
+    }
+    match &f.gpu_processes {
+        Some(Ok(csv)) => {
+            let procs: Vec<&str> = csv
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            out.push(if procs.is_empty() {
+                CheckResult::ok("gpu.processes", n, "no compute process on the GPU")
+            } else if f.own_rank_running {
+                CheckResult::ok(
+                    "gpu.processes",
+                    n,
+                    format!("{} (this deployment's rank, restarted by the launch)", procs.join("; ")),
+                )
+            } else {
+                CheckResult::fail(
+                    "gpu.processes",
+                    n,
+                    procs.join("; "),
+                    format!("stop the processes holding the GPU on {n} (`nvidia-smi` lists them; `kill <pid>` or stop their container)"),
+                )
+            });
+        }
+        Some(Err(e)) => out.push(CheckResult::warn(
+            "gpu.processes",
+            n,
+            e.clone(),
+            "`nvidia-smi --query-compute-apps` failed; check by hand that nothing holds the GPU",
+        )),
+        None => {}
+    }
 }
 
 fn decide_memory(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
@@ -512,7 +648,7 @@ fn decide_fabric(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>, d: &mu
             format!("{} on {} reaches {peer}", route.src, route.dev),
         )),
     }
-    if !s.testbed {
+    if !s.testbed || f.sysfs.is_some() {
         match &f.sysfs {
             Some(Ok(sys)) => match roce::detect(sys.as_ref(), &route) {
                 Ok(r) => {
@@ -605,7 +741,7 @@ pub fn decide(settings: &Settings, facts: &[NodeFacts]) -> Decision {
         .iter()
         .map(|f| decide_node(settings, f, &mut results))
         .collect();
-    if !settings.testbed {
+    if !settings.testbed || facts.iter().any(|f| f.smi.is_some()) {
         // A node whose nvidia-smi failed already has its row; compare the ones that answered.
         let answered: Vec<(String, Vec<smi::GpuClocks>)> = facts
             .iter()
@@ -637,14 +773,37 @@ pub fn decide(settings: &Settings, facts: &[NodeFacts]) -> Decision {
             });
         }
     }
+    label_fixture_rows(facts, &mut results);
     Decision { results, detected }
+}
+
+/// Prefixes the GPU and RoCE rows decided on fixture facts with where they came from, so a
+/// testbed's table never passes fixture data off as the node's own.
+fn label_fixture_rows(facts: &[NodeFacts], results: &mut [CheckResult]) {
+    let from_fixture = |node: &str| {
+        facts
+            .iter()
+            .filter(|f| node == "all" || f.name == node)
+            .filter_map(|f| f.fixture.as_deref())
+            .next()
+    };
+    for r in results.iter_mut() {
+        let fixture_check =
+            r.check == "gpu" || r.check.starts_with("gpu.") || r.check == "fabric.roce";
+        if r.check == "gpu.containers" || !fixture_check {
+            continue;
+        }
+        if let Some(dir) = from_fixture(&r.node) {
+            r.observed = format!("[testbed fixture {dir}] {}", r.observed);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::preflight::report::Verdict;
-    use crate::preflight::roce::{DirSysfs, mapped_gid};
+    use crate::preflight::roce::DirSysfs;
 
     const SMI: &str =
         include_str!("../../../../tests/fixtures/host-facts/h200x2/nvidia-smi-q-clock.txt");
@@ -665,36 +824,23 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// A Spark-like sysfs tree: per device `(hca, netdev, port state, v2)`; GIDs 0 (fe80, v1),
-    /// 1 (fe80, v2), 2 (`addr`, RoCE v1), 3 (`addr` as RoCE v2 when `v2`, else all-zero RoCE v2).
+    /// A Spark-like sysfs tree (see [`crate::preflight::fixture::write_tree`]): per device
+    /// `(hca, netdev, port state, v2)`, MTU 9000.
     fn tree(addr: Ipv4Addr, devs: &[(&str, &str, &str, bool)]) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
-        let w = |p: &str, c: &str| {
-            let f = d.path().join(p.trim_start_matches('/'));
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            std::fs::write(f, format!("{c}\n")).unwrap();
-        };
-        let fe80 = "fe80:0000:0000:0000:0000:0000:0000:0001".to_owned();
-        let zero = "0000:0000:0000:0000:0000:0000:0000:0000".to_owned();
-        for (hca, netdev, state, v2) in devs {
-            w(&format!("/sys/class/net/{netdev}/mtu"), "9000");
-            w(
-                &format!("/sys/class/net/{netdev}/device/infiniband/{hca}/ibdev"),
-                hca,
-            );
-            let base = format!("/sys/class/infiniband/{hca}/ports/1");
-            w(&format!("{base}/state"), state);
-            let entries = [
-                (fe80.clone(), "IB/RoCE v1"),
-                (fe80.clone(), "RoCE v2"),
-                (mapped_gid(addr), "IB/RoCE v1"),
-                (if *v2 { mapped_gid(addr) } else { zero.clone() }, "RoCE v2"),
-            ];
-            for (i, (gid, ty)) in entries.iter().enumerate() {
-                w(&format!("{base}/gids/{i}"), gid);
-                w(&format!("{base}/gid_attrs/types/{i}"), ty);
-            }
-        }
+        let rails: Vec<_> = devs
+            .iter()
+            .map(
+                |&(hca, netdev, state, v2)| crate::preflight::fixture::Rail {
+                    hca,
+                    netdev,
+                    state,
+                    v2,
+                    mtu: 9000,
+                },
+            )
+            .collect();
+        crate::preflight::fixture::write_tree(d.path(), addr, &rails).unwrap();
         d
     }
 
@@ -717,6 +863,14 @@ mod tests {
         f.sudo = true;
         f.docker = DockerProbe::Reachable;
         f.smi = Some(Ok(SMI.to_owned()));
+        f.gpu_model = Some(Ok("NVIDIA GB10\n".to_owned()));
+        f.gpu_processes = Some(Ok(String::new()));
+        f.runtimes = Some(Ok(vec![
+            "io.containerd.runc.v2".into(),
+            "nvidia".into(),
+            "runc".into(),
+        ]));
+        f.gpu_containers = Some(Ok(Vec::new()));
         f.meminfo = Ok(format!(
             "MemTotal: 130000000 kB\nMemAvailable: {} kB\n",
             125 * 1024 * 1024
@@ -916,6 +1070,109 @@ mod tests {
             "{r:?}"
         );
         assert!(remedy(r).contains("ibv_devinfo -d roceP2p1s0f1"), "{r:?}");
+    }
+
+    #[test]
+    fn no_nvidia_runtime_fails_with_the_toolkit_command() {
+        let (a, b) = pair();
+        let mut w = healthy(1, &b);
+        w.runtimes = Some(Ok(vec!["runc".into()]));
+        let d = decide(&seed(), &[healthy(0, &a), w]);
+        assert_eq!(row(&d, "docker.gpu", "head").verdict, Verdict::Ok);
+        let r = row(&d, "docker.gpu", "worker-1");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert_eq!(r.observed, "runtimes: runc");
+        assert!(remedy(r).contains("nvidia-ctk runtime configure"), "{r:?}");
+    }
+
+    #[test]
+    fn another_gpu_container_or_process_fails_naming_it() {
+        let (a, b) = pair();
+        let mut h = healthy(0, &a);
+        h.gpu_containers = Some(Ok(vec!["vllm-old".into()]));
+        let mut w = healthy(1, &b);
+        w.gpu_processes = Some(Ok("4242, python3, 81920 MiB\n".into()));
+        let d = decide(&seed(), &[h, w]);
+        let r = row(&d, "gpu.containers", "head");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(remedy(r).contains("docker stop vllm-old"), "{r:?}");
+        let r = row(&d, "gpu.processes", "worker-1");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(r.observed.contains("4242, python3"), "{r:?}");
+        // This deployment's own running rank is not a conflict (the launch restarts it).
+        let mut w = healthy(1, &b);
+        w.gpu_processes = Some(Ok("4242, tf-dsv41-lanes, 99000 MiB\n".into()));
+        w.own_rank_running = true;
+        let d = decide(&seed(), &[healthy(0, &a), w]);
+        assert_eq!(row(&d, "gpu.processes", "worker-1").verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn the_gpu_model_is_reported_and_a_non_spark_gpu_warns() {
+        let (a, b) = pair();
+        let d = decide(&seed(), &[healthy(0, &a), healthy(1, &b)]);
+        let r = row(&d, "gpu", "head");
+        assert_eq!(
+            (r.verdict, r.observed.as_str()),
+            (Verdict::Ok, "1 × NVIDIA GB10")
+        );
+        let mut w = healthy(1, &b);
+        w.gpu_model = Some(Ok("NVIDIA H200\nNVIDIA H200\n".into()));
+        let d = decide(&seed(), &[healthy(0, &a), w]);
+        let r = row(&d, "gpu", "worker-1");
+        assert_eq!(
+            (r.verdict, r.observed.as_str()),
+            (Verdict::Warn, "2 × NVIDIA H200")
+        );
+    }
+
+    #[test]
+    fn testbed_fixture_facts_are_decided_and_labelled() {
+        let s = Settings {
+            testbed: true,
+            rank_weights: 0,
+            ..seed()
+        };
+        let (a, b) = pair();
+        let mut facts = [healthy(0, &a), healthy(1, &b)];
+        for f in &mut facts {
+            f.fixture = Some(format!("/data/{}/testbed-facts", f.name));
+            f.runtimes = Some(Ok(vec!["runc".into()]));
+        }
+        let d = decide(&s, &facts);
+        let roce = row(&d, "fabric.roce", "worker-1");
+        assert_eq!(roce.verdict, Verdict::Ok);
+        assert!(
+            roce.observed
+                .starts_with("[testbed fixture /data/worker-1/testbed-facts] rocep1s0f1"),
+            "{roce:?}"
+        );
+        assert_eq!(d.detected[1].roce.as_ref().map(|r| r.gid_index), Some(3));
+        for check in ["gpu", "gpu.processes"] {
+            assert!(
+                row(&d, check, "head")
+                    .observed
+                    .starts_with("[testbed fixture /data/head/")
+            );
+        }
+        assert!(
+            row(&d, "gpu.clocks", "all")
+                .observed
+                .starts_with("[testbed fixture")
+        );
+        // Real facts are not labelled, and the testbed needs no GPU runtime.
+        let r = row(&d, "docker.gpu", "head");
+        assert_eq!(r.verdict, Verdict::Ok);
+        assert!(r.observed.starts_with("runtimes: runc (testbed"), "{r:?}");
+        assert!(!row(&d, "fabric.addr", "head").observed.contains("fixture"));
+        // A fixture that breaks a check fails it on the testbed too.
+        let bad = tree(
+            ip("198.18.0.2"),
+            &[("rocep1s0f1", "enp1s0f1np1", "4: ACTIVE", false)],
+        );
+        facts[1].sysfs = Some(Ok(Box::new(DirSysfs::new(bad.path()))));
+        let d = decide(&s, &facts);
+        assert_eq!(row(&d, "fabric.roce", "worker-1").verdict, Verdict::Fail);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod clocks;
 pub mod decide;
+pub mod fixture;
 pub mod meminfo;
 pub mod report;
 pub mod roce;

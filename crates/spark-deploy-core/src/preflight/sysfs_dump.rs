@@ -5,12 +5,15 @@ use std::collections::BTreeMap;
 
 use super::roce::Sysfs;
 
-/// The dump script: `D\t<dir>\t<entries>` and `F\t<file>\t<content>` lines.
-pub const SCRIPT: &str = r#"d() { [ -d "$1" ] && printf 'D\t%s\t%s\n' "$1" "$(ls -1 "$1" 2>/dev/null | tr '\n' ' ')"; }
-f() { [ -f "$1" ] && printf 'F\t%s\t%s\n' "$1" "$(head -c 200 "$1" 2>/dev/null | tr '\n\t' '  ')"; }
-d /sys/class/infiniband
-for n in /sys/class/net/*; do f "$n/mtu"; d "$n/device/infiniband"; done
-for h in /sys/class/infiniband/*; do p="$h/ports/1"; f "$p/state"; d "$p/gids"; d "$p/gid_attrs/types"
+/// The dump script: `D\t<dir>\t<entries>` and `F\t<file>\t<content>` lines. `$1` is the sysfs
+/// root (default `/sys`: a testbed or test points it at a fixture tree); paths are printed as
+/// below `/sys` either way.
+pub const SCRIPT: &str = r#"R="${1:-/sys}"
+d() { [ -d "$1" ] && printf 'D\t/sys%s\t%s\n' "${1#"$R"}" "$(ls -1 "$1" 2>/dev/null | tr '\n' ' ')"; }
+f() { [ -f "$1" ] && printf 'F\t/sys%s\t%s\n' "${1#"$R"}" "$(head -c 200 "$1" 2>/dev/null | tr '\n\t' '  ')"; }
+d "$R/class/infiniband"
+for n in "$R"/class/net/*; do f "$n/mtu"; d "$n/device/infiniband"; done
+for h in "$R"/class/infiniband/*; do p="$h/ports/1"; f "$p/state"; d "$p/gids"; d "$p/gid_attrs/types"
   for g in "$p"/gids/*; do i=$(basename "$g"); f "$g"; f "$p/gid_attrs/types/$i"; done; done
 true"#;
 
@@ -83,15 +86,15 @@ mod tests {
             "RoCE v2\n",
         )
         .unwrap();
-        let script = SCRIPT.replace("/sys/", &format!("{}/", root.display()));
         let out = std::process::Command::new("sh")
             .arg("-c")
-            .arg(&script)
+            .arg(SCRIPT)
+            .arg("sh")
+            .arg(&root)
             .output()
             .unwrap();
-        let text = String::from_utf8(out.stdout)
-            .unwrap()
-            .replace(&format!("{}/", root.display()), "/sys/");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(!text.contains(t.path().to_str().unwrap()), "{text}");
         let dump = SysfsDump::parse(&text);
         let route = super::super::roce::Route {
             dev: "eth9".into(),

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 
 use crate::config::ValidatedConfig;
 use crate::event::{Event, Level};
+use crate::facts::is_commit;
 use crate::hub::{FetchEvent, FetchProgress, HfToken, Hub, HubConfig};
 use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail};
@@ -321,29 +322,56 @@ impl FetchCheckpoint {
                 )
             };
             let hub = Hub::new(cfg).map_err(|e| fail(Box::new(e)))?;
-            let report = hub
+            let (commit, summary, bytes) = match hub
                 .fetch_repo(&r.repo, &r.revision, &r.patterns, &progress)
                 .await
-                .map_err(|e| fail(Box::new(e)))?;
-            let (repo, commit, is_model) = (
-                r.repo.clone(),
-                report.repo.commit.clone(),
-                r.repo == c.model.id,
-            );
+            {
+                Ok(report) => (
+                    report.repo.commit.clone(),
+                    report.summary(),
+                    report.transferred,
+                ),
+                Err(e) if e.is_unreachable() && is_commit(&r.revision) => {
+                    // A Hub outage (or an air-gapped re-run) does not stop a deployment whose
+                    // pinned snapshot our last fetch completed and that still verifies.
+                    let unreachable = crate::preflight::decide::error_chain(&e);
+                    let v = hub
+                        .verify_only(&r.repo, &r.revision, None)
+                        .ok()
+                        .filter(|v| v.is_ok() && !v.verified.is_empty())
+                        .ok_or_else(|| fail(Box::new(e)))?;
+                    ctx.log(
+                            StepKind::FetchCheckpoint,
+                            Some(&self.node),
+                            Level::Warn,
+                            format!("{}: the Hub is unreachable ({unreachable}); using the cached snapshot, all {} files present and verified", r.repo, v.verified.len()),
+                        );
+                    (
+                        v.commit,
+                        format!(
+                            "Hub unreachable, all {} cached files verified",
+                            v.verified.len()
+                        ),
+                        0,
+                    )
+                }
+                Err(e) => return Err(fail(Box::new(e))),
+            };
+            let (repo, is_model) = (r.repo.clone(), r.repo == c.model.id);
             ctx.update_facts(|f| {
                 if is_model {
                     f.model_commit.clone_from(&commit);
                 }
-                f.commits.insert(repo, commit);
+                f.commits.insert(repo, commit.clone());
             });
             ctx.log(
                 StepKind::FetchCheckpoint,
                 Some(&self.node),
                 Level::Info,
-                format!("{}@{}: {}", r.repo, report.repo.commit, report.summary()),
+                format!("{}@{commit}: {summary}", r.repo),
             );
-            transferred += report.transferred;
-            summaries.push(report.summary());
+            transferred += bytes;
+            summaries.push(summary);
         }
         if transferred == 0 {
             return Ok(Outcome::Skipped {

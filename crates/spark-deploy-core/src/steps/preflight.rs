@@ -193,6 +193,78 @@ fn below_floor(meminfo: &Result<String, String>, floor: u64) -> Option<u64> {
         .filter(|a| *a < floor)
 }
 
+/// The driver's view: on a real node `nvidia-smi`; on a testbed node the same outputs from its
+/// fixture directory when there is one (the report says so), else nothing (no GPU required).
+async fn gather_gpu(exec: &Exec, data_dir: &str, testbed: bool, f: &mut NodeFacts) {
+    if testbed {
+        let dir = format!(
+            "{}/{}",
+            data_dir.trim_end_matches('/'),
+            crate::preflight::fixture::TESTBED_DIR
+        );
+        if !exec.path_exists(Path::new(&dir)).await.unwrap_or(false) {
+            return;
+        }
+        let cat = |file: &str| Cmd::new("cat").arg(format!("{dir}/{file}"));
+        f.smi = Some(text(exec, &cat("nvidia-smi-q-clock.txt")).await);
+        f.gpu_model = Some(text(exec, &cat("gpu-names.txt")).await);
+        f.gpu_processes = Some(text(exec, &cat("compute-apps.csv")).await);
+        f.fixture = Some(dir);
+        return;
+    }
+    let smi = |args: &[&str]| Cmd::new("nvidia-smi").args(args.iter().copied());
+    f.smi = Some(text(exec, &smi(&["-q", "-d", "CLOCK"])).await);
+    f.gpu_model = Some(text(exec, &smi(&["--query-gpu=name", "--format=csv,noheader"])).await);
+    f.gpu_processes = Some(
+        text(
+            exec,
+            &smi(&[
+                "--query-compute-apps=pid,process_name,used_memory",
+                "--format=csv,noheader",
+            ]),
+        )
+        .await,
+    );
+}
+
+/// The daemon's runtimes, the running GPU containers that are not this deployment's, and whether
+/// this deployment's own rank runs there.
+async fn gather_docker_gpu(ctx: &Context, d: &crate::ports::docker::DockerNode, f: &mut NodeFacts) {
+    let c = ctx.config().config();
+    f.runtimes = Some(
+        d.info()
+            .await
+            .map(|i| {
+                let mut r: Vec<String> = i.runtimes.unwrap_or_default().into_keys().collect();
+                r.sort();
+                r
+            })
+            .map_err(|e| error_chain(&e)),
+    );
+    f.gpu_containers = Some(
+        d.gpu_containers()
+            .await
+            .map(|all| {
+                all.into_iter()
+                    .filter(|(_, labels)| {
+                        labels.get(crate::container::labels::DEPLOYMENT) != Some(&c.deployment.name)
+                    })
+                    .map(|(name, _)| name)
+                    .collect()
+            })
+            .map_err(|e| error_chain(&e)),
+    );
+    let own = crate::engine::tensorfold::launch::container_name(&c.deployment.name, f.index as u32);
+    f.own_rank_running = d
+        .inspect_container(&own)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|i| i.state)
+        .and_then(|s| s.running)
+        .unwrap_or(false);
+}
+
 /// Collects the raw facts of node `index` (no decisions: see [`decide`]).
 async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFacts {
     let c = ctx.config().config();
@@ -227,9 +299,12 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
         },
         Err(e) => DockerProbe::Unreachable(error_chain(&e)),
     };
-    if !testbed {
-        f.smi = Some(text(exec, &Cmd::new("nvidia-smi").args(["-q", "-d", "CLOCK"])).await);
+    if f.docker == DockerProbe::Reachable
+        && let Ok(d) = ctx.docker(index).await
+    {
+        gather_docker_gpu(ctx, d, &mut f).await;
     }
+    gather_gpu(exec, &node.data_dir, testbed, &mut f).await;
     f.meminfo = read_meminfo(exec).await;
     if !testbed {
         // Page cache may still be dropping: wait for the floor, printing the value
@@ -328,9 +403,14 @@ async fn gather(ctx: &Context, index: usize, peer: Option<Ipv4Addr>) -> NodeFact
                 )
                 .await,
             );
-            if !testbed {
+            let root = match (&f.fixture, testbed) {
+                (Some(dir), _) => Some(format!("{dir}/sys")),
+                (None, false) => Some("/sys".to_owned()),
+                (None, true) => None,
+            };
+            if let Some(root) = root {
                 f.sysfs = Some(
-                    text(exec, &Cmd::shell(sysfs_dump::SCRIPT))
+                    text(exec, &Cmd::shell(sysfs_dump::SCRIPT).args(["sh", &root]))
                         .await
                         .map(|t| Box::new(SysfsDump::parse(&t)) as Box<dyn Sysfs + Send + Sync>),
                 );

@@ -89,6 +89,15 @@ pub enum DockerError {
         #[source]
         source: Box<BollardError>,
     },
+    /// `GET /info` failed.
+    #[error("{node}: Docker info query failed: {source}")]
+    Info {
+        /// Node name.
+        node: String,
+        /// Underlying error.
+        #[source]
+        source: Box<BollardError>,
+    },
     /// Reading the image tar failed.
     #[error("{node}: cannot read image archive {path}: {source}")]
     ReadArchive {

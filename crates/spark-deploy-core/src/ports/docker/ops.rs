@@ -8,7 +8,7 @@ use bollard::errors::Error as BollardError;
 use bollard::models::{
     ContainerCreateBody, ContainerInspectResponse, ContainerSummary, EndpointIpamConfig,
     EndpointSettings, ImageInspect, ImageSummary, Network, NetworkConnectRequest,
-    NetworkCreateRequest, NetworkInspect, SystemVersion, Volume,
+    NetworkCreateRequest, NetworkInspect, SystemInfo, SystemVersion, Volume,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder,
@@ -50,6 +50,65 @@ impl DockerNode {
             source,
         })
         .await
+    }
+
+    /// `GET /info`: runtimes, CDI spec directories, resources.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Info`] (or [`DockerError::TunnelDown`]).
+    pub async fn info(&self) -> Result<SystemInfo, DockerError> {
+        let r = self.docker.info().await;
+        self.op(r, |source| DockerError::Info {
+            node: self.node.clone(),
+            source,
+        })
+        .await
+    }
+
+    /// Running containers that requested a GPU (a device request with the `gpu` capability or the
+    /// `nvidia` driver), inspected one by one: `(name, labels)` of each.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::List`] or [`DockerError::Inspect`].
+    pub async fn gpu_containers(
+        &self,
+    ) -> Result<Vec<(String, std::collections::HashMap<String, String>)>, DockerError> {
+        let opts = ListContainersOptionsBuilder::default().all(false).build();
+        let r = self.docker.list_containers(Some(opts)).await;
+        let running = self
+            .op(r, |e| self.list_err("containers", "running", e))
+            .await?;
+        let mut out = Vec::new();
+        for c in running {
+            let Some(id) = c.id else { continue };
+            let Some(info) = self.inspect_container(&id).await? else {
+                continue;
+            };
+            let gpu = info
+                .host_config
+                .as_ref()
+                .and_then(|h| h.device_requests.as_ref())
+                .is_some_and(|reqs| {
+                    reqs.iter().any(|d| {
+                        d.driver.as_deref() == Some("nvidia")
+                            || d.capabilities
+                                .iter()
+                                .flatten()
+                                .flatten()
+                                .any(|c| c == "gpu")
+                    })
+                });
+            if gpu {
+                let name = info
+                    .name
+                    .map_or(id, |n| n.trim_start_matches('/').to_owned());
+                let labels = info.config.and_then(|c| c.labels).unwrap_or_default();
+                out.push((name, labels));
+            }
+        }
+        Ok(out)
     }
 
     /// Imports a root filesystem tar as image `reference` (`docker import`: `create_image` with
