@@ -522,7 +522,7 @@ fn decide_memory(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
                     gib(avail),
                     s.min_avail_gib
                 );
-                out.push(if s.testbed || avail >= minimum {
+                out.push(if avail >= minimum {
                     CheckResult::ok("memory.available", n, shown)
                 } else {
                     CheckResult::fail(
