@@ -119,6 +119,10 @@ impl BuildImage {
                 ),
             );
         }
+        // `nfs` mode: the worker's volume is mounted from a container of this image.
+        super::storage::verify_nfs_mounts(ctx)
+            .await
+            .map_err(|e| fail(e, "see the message".into()))?;
         if bytes == 0 {
             return Ok(Outcome::Skipped {
                 reason: format!(

@@ -4,6 +4,7 @@
 mod fetch;
 mod image;
 mod launch;
+pub mod nfs_volume;
 mod preflight;
 mod rank_cache;
 mod ranks;

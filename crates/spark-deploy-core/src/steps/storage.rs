@@ -5,6 +5,7 @@ use serde::Serialize;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use super::nfs_volume;
 use crate::config::{ValidatedConfig, WorkerStorage};
 use crate::engine::tensorfold::TOKEN_MAP_FILE;
 use crate::event::{Event, Level};
@@ -185,6 +186,167 @@ async fn move_aside_stale(
     Ok(())
 }
 
+/// The head's export path and the NFS server of a volume's options.
+fn export_and_server<'a>(
+    options: &'a BTreeMap<String, String>,
+    cache: &'a str,
+) -> (&'a str, &'a str) {
+    let server = options
+        .get("o")
+        .and_then(|o| o.strip_prefix("addr="))
+        .and_then(|o| o.split(',').next())
+        .unwrap_or_default();
+    let exported = options
+        .get("device")
+        .map_or(cache, |d| d.trim_start_matches(':'));
+    (exported, server)
+}
+
+/// What to create and verify for worker plan `w`.
+fn volume_spec<'a>(
+    ctx: &Context,
+    w: &'a WorkerPlan,
+    name: &'a str,
+    options: &'a BTreeMap<String, String>,
+) -> Result<nfs_volume::VolumeSpec<'a>, BoxError> {
+    let c = ctx.config().config();
+    let facts = ctx.facts();
+    let snap = super::fetch::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
+    let mut expected: Vec<(String, u64)> = expand(&snap, &snap)?
+        .into_iter()
+        .filter_map(|j| {
+            j.from
+                .strip_prefix(&snap)
+                .ok()
+                .map(|p| (p.display().to_string(), j.size))
+        })
+        .collect();
+    expected.sort();
+    let (_, server) = export_and_server(options, "");
+    Ok(nfs_volume::VolumeSpec {
+        node: &w.node,
+        name,
+        options,
+        server,
+        labels: BTreeMap::from([(
+            crate::container::labels::DEPLOYMENT.to_owned(),
+            c.deployment.name.clone(),
+        )]),
+        image: c.engine.image.clone(),
+        snapshot: format!(
+            "hub/{}/snapshots/{}",
+            repo_folder(&c.model.id),
+            facts.model_commit
+        ),
+        expected,
+    })
+}
+
+/// NFS mode on worker `index`: the head's export checked (not on the testbed, whose kernel has no
+/// NFS server), the volume created or accepted through the worker's Docker, and its mount
+/// verified when the engine image is already there (else BuildImage verifies it,
+/// [`verify_nfs_mounts`]).
+async fn nfs(
+    ctx: &Context,
+    index: usize,
+    w: &WorkerPlan,
+    name: &str,
+    options: &BTreeMap<String, String>,
+) -> Result<(), BoxError> {
+    let c = ctx.config().config();
+    let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
+    let (exported, server) = export_and_server(options, &head.hf_cache);
+    if c.deployment.testbed {
+        ctx.log(StepKind::ConfigureWorkerStorage, Some(&c.nodes[0].name), Level::Warn, "testbed: this machine has no NFS server, so the head's export is not checked here (the exports parser is unit-tested)");
+    } else {
+        let client: std::net::Ipv4Addr = w.fabric_addr.parse().map_err(|_| {
+            format!(
+                "the fabric address of {} is unknown ({}): run Preflight first",
+                w.node, w.fabric_addr
+            )
+        })?;
+        let exports = ctx
+            .exec(0)
+            .await?
+            .run(&Cmd::shell(
+                "cat /etc/exports /etc/exports.d/*.exports 2>/dev/null; true",
+            ))
+            .await?;
+        nfs_volume::check_exports(&String::from_utf8_lossy(&exports.stdout), exported, client)
+            .map_err(|why| nfs_volume::NfsError::NotExported {
+                path: exported.to_owned(),
+                client,
+                why,
+            })?;
+    }
+    let spec = volume_spec(ctx, w, name, options)?;
+    let docker = ctx.docker(index).await?;
+    let created = nfs_volume::create_or_accept(docker, &spec).await?;
+    ctx.log(
+        StepKind::ConfigureWorkerStorage,
+        Some(&w.node),
+        Level::Info,
+        format!(
+            "NFS volume {name} {} through {}'s Docker: device :{exported}, server {server}",
+            if created {
+                "created"
+            } else {
+                "present with the same options"
+            },
+            w.node
+        ),
+    );
+    if docker.inspect_image(&spec.image).await?.is_none() {
+        ctx.log(
+            StepKind::ConfigureWorkerStorage,
+            Some(&w.node),
+            Level::Info,
+            format!("NFS volume {name}: the engine image is not on {} yet; BuildImage verifies the mount once it is", w.node),
+        );
+        return Ok(());
+    }
+    verify_one(ctx, StepKind::ConfigureWorkerStorage, docker, &spec).await
+}
+
+async fn verify_one(
+    ctx: &Context,
+    step: StepKind,
+    docker: &crate::ports::docker::DockerNode,
+    spec: &nfs_volume::VolumeSpec<'_>,
+) -> Result<(), BoxError> {
+    nfs_volume::verify_mount(docker, spec).await?;
+    ctx.log(
+        step,
+        Some(spec.node),
+        Level::Info,
+        format!(
+            "NFS volume {}: all {} snapshot files visible from a container on {} with the head's sizes",
+            spec.name,
+            spec.expected.len(),
+            spec.node
+        ),
+    );
+    Ok(())
+}
+
+/// Verifies every worker's NFS volume from a container of the engine image (BuildImage calls it
+/// once the image is on every node); nothing in `copy` mode.
+///
+/// # Errors
+///
+/// The first worker whose mount fails or differs.
+pub(crate) async fn verify_nfs_mounts(ctx: &Context) -> Result<(), BoxError> {
+    let plan = ConfigureWorkerStorage::new(ctx.config(), &ctx.facts());
+    for w in &plan.workers {
+        if let Some((name, options)) = &w.nfs_volume {
+            let spec = volume_spec(ctx, w, name, options)?;
+            let docker = ctx.docker(w.rank as usize).await?;
+            verify_one(ctx, StepKind::BuildImage, docker, &spec).await?;
+        }
+    }
+    Ok(())
+}
+
 impl ConfigureWorkerStorage {
     /// Copies the planned files to every worker (and, in `nfs` mode, creates the NFS volume).
     pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
@@ -204,8 +366,10 @@ impl ConfigureWorkerStorage {
         for w in &self.workers {
             let i = w.rank as usize;
             let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
-            if let Some((name, _)) = &w.nfs_volume {
-                return Err(fail(format!("nfs mode: creating volume {name} on {} is not available in this build; set deployment.worker_storage = \"copy\"", w.node).into()));
+            if let Some((name, options)) = &w.nfs_volume {
+                nfs(ctx, i, w, name, options)
+                    .await
+                    .map_err(|e| StepFailure::new(StepKind::ConfigureWorkerStorage, e, None))?;
             }
             let mut jobs = Vec::new();
             if self.mode == WorkerStorage::Copy {

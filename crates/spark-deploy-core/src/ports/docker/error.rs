@@ -98,6 +98,28 @@ pub enum DockerError {
         #[source]
         source: Box<BollardError>,
     },
+    /// Creating a volume failed.
+    #[error("{node}: creating volume {name} failed: {source}")]
+    CreateVolume {
+        /// Node name.
+        node: String,
+        /// Volume name.
+        name: String,
+        /// Underlying error.
+        #[source]
+        source: Box<BollardError>,
+    },
+    /// Waiting for a container to exit failed.
+    #[error("{node}: waiting for container {name} failed: {source}")]
+    Wait {
+        /// Node name.
+        node: String,
+        /// Container name.
+        name: String,
+        /// Underlying error.
+        #[source]
+        source: Box<BollardError>,
+    },
     /// Reading the image tar failed.
     #[error("{node}: cannot read image archive {path}: {source}")]
     ReadArchive {

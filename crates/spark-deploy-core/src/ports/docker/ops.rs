@@ -380,6 +380,75 @@ impl DockerNode {
         .map(|r| r.id)
     }
 
+    /// Creates a volume with `driver` and its options, labelled; returns its name.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::CreateVolume`].
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        driver: &str,
+        options: &std::collections::BTreeMap<String, String>,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<String, DockerError> {
+        let req = bollard::models::VolumeCreateRequest {
+            name: Some(name.to_owned()),
+            driver: Some(driver.to_owned()),
+            driver_opts: Some(options.clone().into_iter().collect()),
+            labels: Some(labels.clone().into_iter().collect()),
+            ..Default::default()
+        };
+        let r = self.docker.create_volume(req).await;
+        self.op(r, |source| DockerError::CreateVolume {
+            node: self.node.clone(),
+            name: name.to_owned(),
+            source,
+        })
+        .await
+        .map(|v| v.name)
+    }
+
+    /// Inspects a volume; `None` when it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Inspect`] for failures other than 404.
+    pub async fn inspect_volume(&self, name: &str) -> Result<Option<Volume>, DockerError> {
+        match self.docker.inspect_volume(name).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.classify(self.inspect_err("volume", name, e)).await),
+        }
+    }
+
+    /// Waits until a started container exits; its exit code.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Wait`].
+    pub async fn wait_container(&self, name: &str) -> Result<i64, DockerError> {
+        let mut s = self.docker.wait_container(name, None);
+        let mut code = 0;
+        while let Some(r) = s.next().await {
+            match r {
+                Ok(w) => code = w.status_code,
+                // A non-zero exit arrives as an error carrying the code.
+                Err(BollardError::DockerContainerWaitError { code: c, .. }) => code = c,
+                Err(e) => {
+                    return Err(self
+                        .classify(DockerError::Wait {
+                            node: self.node.clone(),
+                            name: name.to_owned(),
+                            source: Box::new(e),
+                        })
+                        .await);
+                }
+            }
+        }
+        Ok(code)
+    }
+
     /// Starts a container.
     ///
     /// # Errors
