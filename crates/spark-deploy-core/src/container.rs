@@ -78,4 +78,9 @@ pub mod labels {
     pub const NODE: &str = "io.spark-deploy.node";
     /// The cross-rank fingerprint (set at launch).
     pub const FINGERPRINT: &str = "io.spark-deploy.fingerprint";
+    /// An engine image's content identity: sha256 of its engine commit, patch hashes, Dockerfile
+    /// hash and base (set by BuildImage; images are compared by it, never by image ID).
+    pub const CONTENT: &str = "io.spark-deploy.content";
+    /// The engine commit an image was built for.
+    pub const ENGINE_COMMIT: &str = "io.spark-deploy.engine-commit";
 }

@@ -21,6 +21,10 @@ pub struct NodeLayout {
     pub inputs_dir: String,
     /// Saved rank logs.
     pub log_dir: String,
+    /// The engine image's reference on this node: `engine.image`, except on a testbed worker,
+    /// which shares the head's Docker daemon and so gets a distinct tag (`<tag>-<node>`) that
+    /// only the shipment through its own Docker can create.
+    pub image: String,
 }
 
 /// The `models--owner--name` folder name of a repo in an HF cache.
@@ -54,6 +58,17 @@ impl NodeLayout {
             engram_dir: format!("{d}/engram/{}", c.model.engram_revision),
             inputs_dir: format!("{d}/inputs/{identity}"),
             log_dir: format!("{d}/logs/{}", c.deployment.name),
+            image: if c.deployment.testbed && c.nodes.first().is_some_and(|h| h.name != node.name) {
+                let (repo, tag) = c
+                    .engine
+                    .image
+                    .rsplit_once(':')
+                    .filter(|(_, t)| !t.contains('/'))
+                    .unwrap_or((c.engine.image.as_str(), "latest"));
+                format!("{repo}:{tag}-{}", node.name)
+            } else {
+                c.engine.image.clone()
+            },
         }
     }
 

@@ -10,7 +10,10 @@ use spark_deploy_core::ports::docker::{DockerError, DockerNode};
 use crate::cluster::labels;
 use crate::standin;
 
-/// The image reference of the stand-in runtime.
+/// The stand-in's runtime base, imported from a from-scratch rootfs (the testbed's
+/// `engine.base_image`).
+pub const BASE: &str = "spark-deploy-testbed/engine-base:standin";
+/// The engine image BuildImage builds `FROM` [`BASE`] (the testbed's `engine.image`).
 pub const IMAGE: &str = "spark-deploy-testbed/engine:standin";
 
 /// Errors of preparing the engine.
@@ -35,7 +38,8 @@ pub enum EngineError {
     Docker(#[from] DockerError),
 }
 
-/// Imports the stand-in's runtime image into the head's daemon (labelled, so `down` removes it)
+/// Imports the stand-in's runtime base image into the head's daemon (labelled, so `down` removes
+/// it and every image built from it; BuildImage builds the engine image from it)
 /// and installs the binary as `tensorfold-native` and `tf-dsv41-lanes` in the head's engine dir of
 /// `config`. Sets `config.engine.image`.
 ///
@@ -58,6 +62,7 @@ pub async fn prepare(
         .or(located)
         .ok_or(EngineError::NoBinary)?;
     config.engine.image = IMAGE.to_owned();
+    config.engine.base_image = BASE.to_owned();
     let v =
         spark_deploy_core::config::validate(config.clone(), home).map_err(|e| EngineError::Io {
             path: "config".into(),
@@ -82,7 +87,7 @@ pub async fn prepare(
     let stream =
         futures::stream::once(async move { Ok::<_, std::io::Error>(bytes::Bytes::from(tar)) });
     docker
-        .import_image(IMAGE, &[format!("LABEL {}=1", labels::LABEL)], stream)
+        .import_image(BASE, &[format!("LABEL {}=1", labels::LABEL)], stream)
         .await?;
     Ok(())
 }

@@ -25,6 +25,8 @@ pub const DEFAULT_KIT_REPO: &str = "bertholomus/DeepSeek-V4.1-Flash-TensorFold-T
 pub const DEFAULT_ABLIT_ID: &str = "drowzeys/keys-DeepSeek-V4.1-Flash-1017-Abliterated";
 /// The container image the kit was qualified in.
 pub const DEFAULT_IMAGE: &str = "nvcr.io/nvidia/pytorch:26.07-py3";
+/// Default tag of the image BuildImage makes from [`DEFAULT_IMAGE`].
+pub const DEFAULT_ENGINE_IMAGE: &str = "spark-deploy/tensorfold-dsv41:local";
 
 /// A whole deployment: what to serve, how, and on which nodes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -245,8 +247,14 @@ impl Default for ServingSection {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineSection {
-    /// Runtime image of both ranks.
+    /// The image both ranks run: built by BuildImage `FROM base_image` and identified by its
+    /// content label (engine commit, patch hashes, Dockerfile hash).
     pub image: String,
+    /// The qualified base the image is built from (the container the kit was captured in); never
+    /// pulled by spark-deploy: it must be present on the head.
+    pub base_image: String,
+    /// Patch files (paths on the head) carried into the image and hashed into its content label.
+    pub patches: Vec<String>,
     /// Engine commit the binaries are built from (label and cache key).
     pub commit: String,
     /// Rendezvous TCP port on the head's fabric address (`TF_TP_PORT`).
@@ -271,7 +279,9 @@ pub struct EngineSection {
 impl Default for EngineSection {
     fn default() -> Self {
         Self {
-            image: DEFAULT_IMAGE.into(),
+            image: DEFAULT_ENGINE_IMAGE.into(),
+            base_image: DEFAULT_IMAGE.into(),
+            patches: Vec::new(),
             commit: "59402086381a42c74d53053443224eec2790b4c5".into(),
             rendezvous_port: 29620,
             replay_floor: true,

@@ -309,6 +309,29 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     if config.engine.image.is_empty() {
         c.refuse("engine.image", "\"\"", "an image reference");
     }
+    if config.engine.base_image.is_empty() {
+        c.refuse(
+            "engine.base_image",
+            "\"\"",
+            "an image reference present on the head",
+        );
+    }
+    if config.engine.base_image == config.engine.image {
+        c.refuse(
+            "engine.image",
+            format!("{:?}", config.engine.image),
+            "a tag different from engine.base_image (the image is built FROM the base)",
+        );
+    }
+    for (i, p) in config.engine.patches.iter().enumerate() {
+        if p.trim().is_empty() {
+            c.refuse(
+                format!("engine.patches[{i}]"),
+                "\"\"",
+                "the path of a patch file on the head",
+            );
+        }
+    }
     for (k, v) in &config.engine.switches {
         if !OPAQUE_SWITCHES.contains(&k.as_str()) {
             c.refuse(

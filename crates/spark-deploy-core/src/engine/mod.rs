@@ -1,6 +1,7 @@
 //! Engine profiles: everything engine-specific (argv/env of each rank, per-rank inputs, limits,
 //! readiness) lives behind a profile, so a second engine is a new module, not an edit of every step.
 
+pub mod image_context;
 pub mod tensorfold;
 
 use crate::config::EngineProfileName;

@@ -110,6 +110,13 @@ impl Context {
         self.sink.emit(event);
     }
 
+    /// The (redacting) event sink, for progress reported from a stream that outlives a borrow
+    /// of the context.
+    #[must_use]
+    pub fn sink(&self) -> Arc<dyn EventSink> {
+        Arc::clone(&self.sink)
+    }
+
     /// Emits a log line for `step`.
     pub fn log(&self, step: StepKind, node: Option<&str>, level: Level, line: impl Into<String>) {
         self.emit(Event::Log {

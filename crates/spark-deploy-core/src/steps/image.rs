@@ -1,24 +1,47 @@
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::StreamExt;
 use serde::Serialize;
 
-use std::path::Path;
-
 use crate::config::ValidatedConfig;
-use crate::event::Level;
+use crate::container::labels;
+use crate::engine::image_context::ImageContext;
+use crate::event::{Event, Level};
 use crate::layout::NodeLayout;
 use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail};
+use crate::ports::docker::DockerNode;
 use crate::run::{Context, Outcome, StepFailure};
 use crate::transfer::expand;
 
-/// Makes the same runtime image and engine binaries present on every node, identified by content.
+/// One node's side of the image step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ImageNode {
+    /// Node name.
+    pub node: String,
+    /// The image reference there (see [`NodeLayout::image`]).
+    pub image: String,
+    /// The engine binaries' directory there.
+    pub engine_dir: String,
+}
+
+/// Builds the engine image on the head from a context the tool generates (`FROM` the qualified
+/// base, the patch files, the engine commit), identified by its content label; makes the same
+/// image present on every worker by streaming it (`docker save` on the head → `docker load`
+/// through the worker's own Docker) when the worker's label differs; ships the engine binaries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BuildImage {
-    /// Image reference.
-    pub image: String,
+    /// The qualified base image (never pulled).
+    pub base_image: String,
     /// Engine commit.
     pub commit: String,
-    /// (node, engine dir) pairs.
-    pub nodes: Vec<(String, String)>,
+    /// Patch files on the head.
+    pub patches: Vec<String>,
+    /// Head first.
+    pub nodes: Vec<ImageNode>,
 }
 
 impl BuildImage {
@@ -27,110 +50,260 @@ impl BuildImage {
     pub fn new(config: &ValidatedConfig) -> Self {
         let c = config.config();
         Self {
-            image: c.engine.image.clone(),
+            base_image: c.engine.base_image.clone(),
             commit: c.engine.commit.clone(),
+            patches: c.engine.patches.clone(),
             nodes: c
                 .nodes
                 .iter()
-                .map(|n| (n.name.clone(), NodeLayout::of(config, n).engine_dir))
+                .map(|n| {
+                    let l = NodeLayout::of(config, n);
+                    ImageNode {
+                        node: n.name.clone(),
+                        image: l.image,
+                        engine_dir: l.engine_dir,
+                    }
+                })
                 .collect(),
         }
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
+        let short = &self.commit[..self.commit.len().min(12)];
         let actions = self
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, (node, dir))| {
+            .map(|(i, n)| {
                 let how = if i == 0 {
-                    format!("ensure image {} present; build engine {} in a throwaway container of it", self.image, &self.commit[..self.commit.len().min(12)])
+                    format!(
+                        "build {} FROM {} (engine {short}, {} patch file(s)) unless its content label matches",
+                        n.image,
+                        self.base_image,
+                        self.patches.len()
+                    )
                 } else {
-                    format!("ensure image {} present with the head's image id (shipped by content when missing)", self.image)
+                    format!(
+                        "make {} present with the head's content label (docker save → load through {}'s Docker when it differs); ship the engine binaries",
+                        n.image, n.node
+                    )
                 };
-                Action::with(node, how, ActionDetail::Outputs { files: vec![format!("{dir}/tensorfold-native"), format!("{dir}/tf-dsv41-lanes")] })
+                Action::with(
+                    &n.node,
+                    how,
+                    ActionDetail::Outputs {
+                        files: vec![
+                            format!("{}/tensorfold-native", n.engine_dir),
+                            format!("{}/tf-dsv41-lanes", n.engine_dir),
+                        ],
+                    },
+                )
             })
             .collect();
         (
-            "the same image and engine binaries on every node".to_owned(),
+            "the same image (by content label) and engine binaries on every node".to_owned(),
             actions,
         )
     }
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The content label of `image` on `docker`, `None` when the image is absent or unlabelled.
+async fn content_of(docker: &DockerNode, image: &str) -> Result<Option<String>, BoxError> {
+    Ok(docker
+        .inspect_image(image)
+        .await?
+        .and_then(|i| i.config)
+        .and_then(|c| c.labels)
+        .and_then(|l| l.get(labels::CONTENT).cloned()))
+}
+
 impl BuildImage {
-    /// Checks the image is present with one content id on every node and ships the engine
-    /// binaries from the head to the workers.
+    /// Builds (head) and ships (workers) the image when its content label differs, then ships the
+    /// engine binaries.
     pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
-        let fail = |e: Box<dyn std::error::Error + Send + Sync>, remedy: String| {
-            StepFailure::new(StepKind::BuildImage, e, Some(remedy))
-        };
-        let (head_node, head_dir) = &self.nodes[0];
+        let fail =
+            |e: BoxError, remedy: String| StepFailure::new(StepKind::BuildImage, e, Some(remedy));
+        let head = &self.nodes[0];
         for bin in ["tensorfold-native", "tf-dsv41-lanes"] {
-            if !Path::new(head_dir).join(bin).is_file() {
+            if !Path::new(&head.engine_dir).join(bin).is_file() {
                 return Err(fail(
-                    format!("{head_dir}/{bin} is missing on {head_node}").into(),
+                    format!("{}/{bin} is missing on {}", head.engine_dir, head.node).into(),
                     format!(
-                        "build engine {} (ENGINE-CONTRACT.md §1: `zig build install native ...` in a throwaway container of {}) into {head_dir}",
-                        self.commit, self.image
+                        "build engine {} (ENGINE-CONTRACT.md §1: `zig build install native ...` in a throwaway container of {}) into {}",
+                        self.commit, self.base_image, head.engine_dir
                     ),
                 ));
             }
         }
-        let mut ids = Vec::new();
-        for (i, (node, _)) in self.nodes.iter().enumerate() {
-            let docker = ctx
-                .docker(i)
-                .await
-                .map_err(|e| fail(Box::new(e), format!("Docker on {node} must be reachable")))?;
-            let id = docker
-                .inspect_image(&self.image)
-                .await
-                .map_err(|e| fail(Box::new(e), format!("Docker on {node} must answer")))?
-                .and_then(|img| img.id)
-                .ok_or_else(|| fail(format!("image {} is not present on {node}", self.image).into(), format!("load it there (`docker save {} | ssh {node} docker load`) — no registry is assumed", self.image)))?;
-            ids.push((node.clone(), id));
-        }
-        if let Some((node, id)) = ids.iter().find(|(_, id)| *id != ids[0].1) {
-            return Err(fail(
-                format!(
-                    "image {} differs: {} on {}, {id} on {node}",
-                    self.image, ids[0].1, ids[0].0
+        let hd = ctx.docker(0).await.map_err(|e| {
+            fail(
+                Box::new(e),
+                format!("Docker on {} must be reachable", head.node),
+            )
+        })?;
+        let base_id = hd
+            .inspect_image(&self.base_image)
+            .await
+            .map_err(|e| fail(Box::new(e), format!("Docker on {} must answer", head.node)))?
+            .and_then(|i| i.id)
+            .ok_or_else(|| {
+                fail(
+                    format!("the base image {} is not on {}", self.base_image, head.node).into(),
+                    "load it there (`docker load -i <file>`, or pull it on a machine with registry access and ship it) — spark-deploy never pulls".into(),
                 )
-                .into(),
-                "ship the head's image to every node so all ranks run identical bytes".into(),
-            ));
+            })?;
+        let context = ImageContext::new(&self.base_image, &base_id, &self.commit, &self.patches)
+            .map_err(|e| fail(Box::new(e), "see the message".into()))?;
+        let mut work = Vec::new();
+        let built = self
+            .build_on_head(ctx, hd, &context)
+            .await
+            .map_err(|e| fail(e, "see the message".into()))?;
+        if built {
+            work.push(format!("built {} on {}", head.image, head.node));
         }
         let mut bytes = 0;
-        for (i, (node, dir)) in self.nodes.iter().enumerate().skip(1) {
-            let jobs = expand(Path::new(head_dir), Path::new(dir))
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            let shipped = self
+                .ship_image(ctx, i, hd, &context.content)
+                .await
+                .map_err(|e| fail(e, "a re-run ships the image again".into()))?;
+            if shipped > 0 {
+                work.push(format!("shipped {} to {}", n.image, n.node));
+            }
+            bytes += shipped;
+            let jobs = expand(Path::new(&head.engine_dir), Path::new(&n.engine_dir))
                 .map_err(|e| fail(Box::new(e), "the engine dir must be readable".into()))?;
             let stats = super::storage::ship(ctx, StepKind::BuildImage, i, &jobs)
                 .await
                 .map_err(|e| fail(e, "a re-run resumes".into()))?;
             bytes += stats.bytes_sent;
-            ctx.log(
-                StepKind::BuildImage,
-                Some(node),
-                Level::Info,
-                format!(
-                    "image {} ({}) present; engine binaries: {} of {} files sent",
-                    self.image, &ids[0].1, stats.sent, stats.files
-                ),
-            );
+            if stats.sent > 0 {
+                work.push(format!("{} engine file(s) to {}", stats.sent, n.node));
+            }
         }
         // `nfs` mode: the worker's volume is mounted from a container of this image.
         super::storage::verify_nfs_mounts(ctx)
             .await
             .map_err(|e| fail(e, "see the message".into()))?;
-        if bytes == 0 {
+        let short = &context.content[..12];
+        if work.is_empty() {
             return Ok(Outcome::Skipped {
                 reason: format!(
-                    "image {} ({}) on every node, engine binaries present and verified",
-                    self.image, ids[0].1
+                    "image content {short} on every node, engine binaries present and verified"
                 ),
             });
         }
+        ctx.log(
+            StepKind::BuildImage,
+            None,
+            Level::Info,
+            format!("image content {short}: {}", work.join("; ")),
+        );
         Ok(Outcome::Done { bytes: Some(bytes) })
+    }
+
+    /// Builds the head's image unless it already carries `context`'s label; whether it built.
+    async fn build_on_head(
+        &self,
+        ctx: &Context,
+        docker: &DockerNode,
+        context: &ImageContext,
+    ) -> Result<bool, BoxError> {
+        let head = &self.nodes[0];
+        if content_of(docker, &head.image).await?.as_deref() == Some(context.content.as_str()) {
+            return Ok(false);
+        }
+        ctx.log(
+            StepKind::BuildImage,
+            Some(&head.node),
+            Level::Info,
+            format!(
+                "building {} FROM {} (content {})",
+                head.image,
+                self.base_image,
+                &context.content[..12]
+            ),
+        );
+        let labels = HashMap::from([
+            (labels::CONTENT.to_owned(), context.content.clone()),
+            (labels::ENGINE_COMMIT.to_owned(), self.commit.clone()),
+        ]);
+        docker
+            .build_image(&head.image, context.tar()?, &labels)
+            .await?;
+        Ok(true)
+    }
+
+    /// Streams the head's image to worker `index` unless the worker's image carries `content`;
+    /// the bytes that went through the worker's Docker.
+    async fn ship_image(
+        &self,
+        ctx: &Context,
+        index: usize,
+        head: &DockerNode,
+        content: &str,
+    ) -> Result<u64, BoxError> {
+        let n = &self.nodes[index];
+        let worker = ctx.docker(index).await?;
+        if content_of(worker, &n.image).await?.as_deref() == Some(content) {
+            return Ok(0);
+        }
+        let head_image = &self.nodes[0].image;
+        let id = head
+            .inspect_image(head_image)
+            .await?
+            .and_then(|i| i.id)
+            .ok_or_else(|| format!("image {head_image} vanished from the head"))?;
+        let sent = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&sent);
+        let node = n.node.clone();
+        let progress = ctx.sink();
+        // Saved by ID, the archive carries no tag; the worker's tag is set through its own Docker.
+        let stream = head.save_image(&id).map(move |r| {
+            let chunk = r.map_err(std::io::Error::other)?;
+            let len = chunk.len() as u64;
+            let done = counter.fetch_add(len, Ordering::Relaxed) + len;
+            // One event per 16 MiB crossed.
+            if done >> 24 == (done - len) >> 24 {
+                return Ok(chunk);
+            }
+            progress.emit(Event::Progress {
+                step: StepKind::BuildImage,
+                node: Some(node.clone()),
+                label: "image".to_owned(),
+                bytes_done: done,
+                bytes_total: None,
+                rate_bps: None,
+                eta_s: None,
+            });
+            Ok::<_, std::io::Error>(chunk)
+        });
+        worker.load_image(&n.image, stream).await?;
+        worker.tag_image(&id, &n.image).await?;
+        let got = content_of(worker, &n.image).await?;
+        if got.as_deref() != Some(content) {
+            return Err(format!(
+                "after loading, {} on {} carries content {got:?}, not {content}",
+                n.image, n.node
+            )
+            .into());
+        }
+        let bytes = sent.load(Ordering::Relaxed);
+        ctx.log(
+            StepKind::BuildImage,
+            Some(&n.node),
+            Level::Info,
+            format!(
+                "image {} shipped: {bytes} bytes streamed through {}'s Docker ({}), content {}",
+                n.image,
+                n.node,
+                worker.via(),
+                &content[..12]
+            ),
+        );
+        Ok(bytes)
     }
 }

@@ -164,13 +164,26 @@ async fn identity(ctx: &Context, spec: &ContainerSpec) -> Result<InputIdentity, 
         .into()));
     }
     let docker = ctx.docker(i).await.map_err(|e| err(Box::new(e)))?;
-    id.image_id = docker
+    let image = docker
         .inspect_image(&spec.image)
         .await
         .map_err(|e| err(Box::new(e)))?
-        .and_then(|img| img.id)
         .ok_or_else(|| {
             err(format!("image {} is not present on {}", spec.image, spec.node).into())
+        })?;
+    // Images are the same when their content labels are, whatever their IDs.
+    id.image_content = image
+        .config
+        .and_then(|c| c.labels)
+        .and_then(|l| l.get(crate::container::labels::CONTENT).cloned())
+        .ok_or_else(|| {
+            err(format!(
+                "image {} on {} has no {} label: it was not built by BuildImage (`spark-deploy up` builds and ships it)",
+                spec.image,
+                spec.node,
+                crate::container::labels::CONTENT
+            )
+            .into())
         })?;
     Ok(id)
 }

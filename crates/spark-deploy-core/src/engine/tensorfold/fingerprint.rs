@@ -20,8 +20,8 @@ pub struct InputIdentity {
     pub rank_file: String,
     /// The Engram tables: `(file name, size)` pairs.
     pub engram_files: Vec<(String, u64)>,
-    /// The image's content id on the node.
-    pub image_id: String,
+    /// The image's content label on the node (`io.spark-deploy.content`), never its ID.
+    pub image_content: String,
 }
 
 /// The settings of one rank that must equal every other rank's.
@@ -150,7 +150,7 @@ impl RankSettings {
             }
         }
         v.insert("image".into(), spec.image.clone());
-        v.insert("image_id".into(), inputs.image_id.clone());
+        v.insert("image_content".into(), inputs.image_content.clone());
         v.insert(
             "kit_manifest_sha256".into(),
             inputs.kit_manifest_sha256.clone(),
@@ -251,7 +251,7 @@ mod tests {
             token_map_sha256: token_map.into(),
             rank_file: "rankXof2-abc.bin".into(),
             engram_files: vec![("a".into(), 1)],
-            image_id: "sha256:1".into(),
+            image_content: "c0ffee".into(),
         }
     }
 

@@ -136,7 +136,7 @@ fn base_spec(
         node: node.name.clone(),
         rank,
         name,
-        image: c.engine.image.clone(),
+        image: layout.image.clone(),
         argv,
         env,
         mounts,

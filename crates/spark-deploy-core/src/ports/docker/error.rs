@@ -145,6 +145,29 @@ pub enum DockerError {
         #[source]
         source: Box<BollardError>,
     },
+    /// Building an image failed (the daemon's message, or the API error).
+    #[error("{node}: building image {image} failed: {detail}")]
+    BuildImage {
+        /// Node name.
+        node: String,
+        /// The tag being built.
+        image: String,
+        /// What the builder said.
+        detail: String,
+    },
+    /// Streaming an image out (`docker save`), into (`docker load`) or tagging it failed.
+    #[error("{node}: {op} of image {image} failed: {source}")]
+    ImageTransfer {
+        /// Node name.
+        node: String,
+        /// `save`, `load` or `tag`.
+        op: &'static str,
+        /// The image.
+        image: String,
+        /// Underlying error.
+        #[source]
+        source: Box<BollardError>,
+    },
     /// Inspecting an object failed (other than "not found").
     #[error("{node}: inspecting {kind} {name} failed: {source}")]
     Inspect {

@@ -76,6 +76,7 @@ impl fmt::Display for Via {
 }
 
 mod error;
+mod images;
 mod ops;
 
 pub use error::DockerError;
