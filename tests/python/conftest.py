@@ -22,18 +22,44 @@ WORKSPACE = pathlib.Path(__file__).resolve().parents[2]
 GATED_TOKEN = "hf_testbed_gated_token_0123456789"
 
 
-def sd_hub_binary() -> pathlib.Path:
-    env = os.environ.get("SD_HUB_BIN")
+def _cargo_binary(package: str, name: str, env_var: str, profile: str) -> pathlib.Path:
+    """`$env_var` when set, else `name` of `package` built (if needed) in cargo profile `profile`."""
+    env = os.environ.get(env_var)
     if env:
         return pathlib.Path(env)
     target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", WORKSPACE / "target"))
-    binary = target / "debug" / "sd-hub"
     subprocess.run(
-        ["cargo", "build", "-q", "-p", "spark-deploy-testbed", "--bin", "sd-hub"],
+        ["cargo", "build", "-q", "--profile", profile, "-p", package, "--bin", name],
         cwd=WORKSPACE,
         check=True,
     )
-    return binary
+    return target / ("debug" if profile == "dev" else profile) / name
+
+
+def sd_hub_binary(profile: str = "dev") -> pathlib.Path:
+    """The testbed hub and Hub-port driver `sd-hub` (`SD_HUB_BIN` overrides)."""
+    return _cargo_binary("spark-deploy-testbed", "sd-hub", "SD_HUB_BIN", profile)
+
+
+def spark_deploy_binary(profile: str = "dev") -> pathlib.Path:
+    """The `spark-deploy` CLI (`SPARK_DEPLOY_BIN` overrides)."""
+    return _cargo_binary("spark-deploy-cli", "spark-deploy", "SPARK_DEPLOY_BIN", profile)
+
+
+def generate_hub_tree(root: pathlib.Path, size: str = "small", seed: int = 5, binary=None) -> dict:
+    """The testbed's hub repos (`sd-hub generate`: the test-scale checkpoint, its original model
+    with the Engram shards, the kit) below `root`, once. Returns {repo_id: (files, bytes)}."""
+    out = subprocess.run(
+        [str(binary or sd_hub_binary()), "generate", str(root), "--size", size, "--seed", str(seed)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    repos = {}
+    for line in out.splitlines():
+        parts = dict(kv.split("=", 1) for kv in line.split())
+        repos[parts["repo"]] = (int(parts["files"]), int(parts["bytes"]))
+    return repos
 
 
 def safetensors_bytes(rng: random.Random, tensors: dict) -> bytes:
@@ -90,8 +116,8 @@ class Hub:
         self.proc, self.endpoint, self.commits = proc, endpoint, commits
 
 
-def start_hub(root: pathlib.Path, extra_args=(), gated=("testorg/gated",)) -> Hub:
-    args = [str(sd_hub_binary()), "serve", str(root), "--addr", "127.0.0.1:0"]
+def start_hub(root: pathlib.Path, extra_args=(), gated=("testorg/gated",), binary=None) -> Hub:
+    args = [str(binary or sd_hub_binary()), "serve", str(root), "--addr", "127.0.0.1:0"]
     for g in gated:
         args += ["--gated", g]
     args += list(extra_args)

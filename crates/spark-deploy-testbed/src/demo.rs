@@ -25,12 +25,23 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// Generation or file-system errors.
 pub fn hub_tree(root: &Path, seed: u64) -> Result<(), BoxError> {
-    if root.join(MODEL).join("config.json").exists() {
+    hub_tree_of(root, &CheckpointSpec::small(seed))
+}
+
+/// Generates the checkpoint of `spec` as the three hub repos [`MODEL`], [`ORIGINAL`] and [`KIT`]
+/// below `root`, once: a complete tree (the model's `config.json` and the kit, which is moved in
+/// last) is left as it is, whatever spec made it.
+///
+/// # Errors
+///
+/// Generation or file-system errors.
+pub fn hub_tree_of(root: &Path, spec: &CheckpointSpec) -> Result<(), BoxError> {
+    if root.join(MODEL).join("config.json").exists() && root.join(KIT).join("kit").is_dir() {
         return Ok(());
     }
     let scratch = root.join(".gen");
     let _ = std::fs::remove_dir_all(&scratch);
-    let g = generate(&CheckpointSpec::small(seed), &scratch)?;
+    let g = generate(spec, &scratch)?;
     for (dir, repo) in [(&g.model_dir, MODEL), (&g.original_dir, ORIGINAL)] {
         let to = root.join(repo);
         std::fs::create_dir_all(to.parent().ok_or("repo path")?)?;

@@ -12,6 +12,13 @@
 //! sd-hub verify --cache DIR --repo owner/name --revision SHA
 //! ```
 //! drive the Hub port of `spark-deploy-core` (token from `HF_TOKEN` or `$HF_HOME/token`).
+//!
+//! ```text
+//! sd-hub generate <ROOT> [--size small|large] [--seed N]
+//! ```
+//! writes the test-scale checkpoint as the testbed's hub repos (`testbed/dsv41-exl3`,
+//! `testbed/dsv41-original`, `testbed/dsv41-kit`) below `<ROOT>`, once (a complete tree is kept),
+//! and prints one line `repo=<owner/name> files=<n> bytes=<total>` per repository.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::collections::HashMap;
@@ -70,6 +77,17 @@ enum Cmd {
         #[arg(long)]
         include: Vec<String>,
     },
+    /// Generate the test-scale checkpoint as the testbed hub's repos (kept when already there).
+    Generate {
+        /// Directory to hold `<owner>/<name>/` repositories.
+        root: PathBuf,
+        /// `small` (~10 MB, the tests' checkpoint) or `large` (~2.6 GB of shards, benchmarks).
+        #[arg(long, default_value = "small", value_parser = ["small", "large"])]
+        size: String,
+        /// Generator seed.
+        #[arg(long, default_value_t = 5)]
+        seed: u64,
+    },
     /// Verify a cached snapshot without network.
     Verify {
         /// HF hub cache directory.
@@ -101,12 +119,46 @@ fn main() -> ExitCode {
             revision,
             include,
         } => port::fetch(endpoint, cache, repo, revision, include),
+        Cmd::Generate { root, size, seed } => generate(&root, &size, seed),
         Cmd::Verify {
             cache,
             repo,
             revision,
         } => port::verify(cache, repo, revision),
     }
+}
+
+fn generate(root: &std::path::Path, size: &str, seed: u64) -> ExitCode {
+    use spark_deploy_testbed::checkpoint::CheckpointSpec;
+    use spark_deploy_testbed::demo::{KIT, MODEL, ORIGINAL, hub_tree_of};
+    let spec = if size == "large" {
+        CheckpointSpec::large(seed)
+    } else {
+        CheckpointSpec::small(seed)
+    };
+    if let Err(e) = hub_tree_of(root, &spec) {
+        eprintln!("sd-hub generate: {}", report(e.as_ref()));
+        return ExitCode::FAILURE;
+    }
+    let mut out = std::io::stdout().lock();
+    for repo in [MODEL, ORIGINAL, KIT] {
+        let (mut files, mut bytes) = (0u64, 0u64);
+        let mut dirs = vec![root.join(repo)];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                match e.metadata() {
+                    Ok(m) if m.is_dir() => dirs.push(e.path()),
+                    Ok(m) => {
+                        files += 1;
+                        bytes += m.len();
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        let _ = writeln!(out, "repo={repo} files={files} bytes={bytes}");
+    }
+    ExitCode::SUCCESS
 }
 
 fn serve(
