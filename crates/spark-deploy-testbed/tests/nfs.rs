@@ -35,6 +35,7 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
                     StepKind::FetchCheckpoint,
                     StepKind::BuildRankCache,
                     StepKind::ConfigureWorkerStorage,
+                    StepKind::BuildImage,
                 ]
                 .contains(&s.kind())
             })
@@ -47,15 +48,18 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     })
     .await?;
     let _ = worker.remove_volume(VOLUME).await;
+    let worker_image = spark_deploy_core::layout::NodeLayout::of(&v, &v.config().nodes[1]).image;
+    let _ = worker.remove_image(&worker_image).await;
 
-    // 1. The volume is created through the worker's Docker with the seed's options; the mount
-    //    fails at the probe container's start and is classified.
+    // 1. The volume is created through the worker's Docker with the seed's options; the engine
+    //    image is not on the worker yet, so BuildImage, once it shipped the image, mounts the
+    //    volume in a probe container, whose start fails and is classified.
     let rec = Recorder::default();
     let err = plan()
         .run(&Context::new(v.clone(), Arc::new(rec.clone())))
         .await
         .expect_err("this kernel cannot mount NFS");
-    assert_eq!(err.failure.step, StepKind::ConfigureWorkerStorage);
+    assert_eq!(err.failure.step, StepKind::BuildImage);
     let msg = err.to_string();
     assert!(msg.contains("NFS not available on this host"), "{msg}");
     assert!(msg.contains("worker_storage = \"copy\""), "{msg}");

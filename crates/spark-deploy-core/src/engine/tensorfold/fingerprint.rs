@@ -149,7 +149,7 @@ impl RankSettings {
                 v.insert(format!("env.{k}"), val.clone());
             }
         }
-        v.insert("image".into(), spec.image.clone());
+        // The reference may differ per node (a testbed worker's own tag); the content may not.
         v.insert("image_content".into(), inputs.image_content.clone());
         v.insert(
             "kit_manifest_sha256".into(),
