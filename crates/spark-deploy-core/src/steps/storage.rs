@@ -150,9 +150,15 @@ pub(crate) async fn ship(
             facts.nodes[0].fabric_addr
         )
     })?;
-    let server = FileServer::start(SocketAddr::new(head_addr, 0)).await?;
     let exec = ctx.exec(index).await?;
     let node = c.nodes[index].name.clone();
+    crate::transfer::ownership::check(
+        exec,
+        &node,
+        &crate::transfer::ownership::roots(jobs.iter().map(|j| j.to.as_path())),
+    )
+    .await?;
+    let server = FileServer::start(SocketAddr::new(head_addr, 0)).await?;
     let manifest = PathBuf::from(&c.nodes[index].data_dir).join(".spark-deploy-received.tsv");
     let hashes = PathBuf::from(&c.deployment.state_dir).join("transfer-hashes.tsv");
     let progress = |done: u64, total: u64, file: &str| {

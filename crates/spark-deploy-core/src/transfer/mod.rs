@@ -6,6 +6,7 @@
 //! rename ([`pull`]). A manifest of verified files on the worker makes an up-to-date re-run move
 //! nothing. The token travels on the SSH session's stdin, never in argv.
 
+pub mod ownership;
 pub mod pull;
 pub mod server;
 

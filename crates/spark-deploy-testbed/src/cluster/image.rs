@@ -18,7 +18,14 @@ use super::labels;
 /// Bumped when the recipe changes in a way its inputs do not show.
 const RECIPE_VERSION: &str = "1";
 /// Packages of the node image.
-pub const PACKAGES: &[&str] = &["openssh-server", "iproute2", "procps", "curl", "rsync"];
+pub const PACKAGES: &[&str] = &[
+    "openssh-server",
+    "iproute2",
+    "procps",
+    "curl",
+    "rsync",
+    "openssl",
+];
 /// The candidate apt sources files, in order of preference.
 pub const APT_SOURCES: &[&str] = &[
     "/etc/apt/sources.list.d/debian.sources",
