@@ -22,17 +22,13 @@ url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; part="$dest.partial"
 mkdir -p -- "$(dirname -- "$dest")" || exit 10
 have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
 if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
-sum=""
-if [ "$have" -eq 0 ] && [ "$size" -gt 0 ]; then
-  # Fresh file: hash while it arrives (tee), so verification costs no second read.
-  sum=$(printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --retry 3 --retry-delay 1 --speed-limit 1024 --speed-time 30 -H @- -- "$url" | tee -- "$part" | h | cut -d' ' -f1)
-elif [ "$have" -lt "$size" ]; then
+if [ "$have" -lt "$size" ]; then
   printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --retry 3 --retry-delay 1 --speed-limit 1024 --speed-time 30 -H @- -C - -o "$part" -- "$url" || exit 11
 fi
 [ -f "$part" ] || : > "$part"
 got=$(stat -c %s -- "$part")
 [ "$got" = "$size" ] || { echo "size $got, expected $size" >&2; exit 12; }
-[ -n "$sum" ] || sum=$(h "$part" | cut -d' ' -f1)
+sum=$(h "$part" | cut -d' ' -f1)
 [ "$sum" = "$sha" ] || { rm -f -- "$part"; echo "sha256 $sum, expected $sha (partial removed)" >&2; exit 13; }
 chmod "$mode" -- "$part" && mv -f -- "$part" "$dest" && stat -c %.9Y -- "$dest""#;
 
