@@ -143,7 +143,42 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         "up-to-date re-run: {} of {} files sent in {rerun:.2} s",
         again.sent, again.files
     );
-    for d in [&dest, &rdest, &cdest, &src] {
+    // 4. An up-to-date re-run over 39 files (the checkpoint's shard count).
+    let many = info.state_dir.join("bench-39");
+    std::fs::create_dir_all(&many)?;
+    for i in 0..39u32 {
+        std::fs::write(
+            many.join(format!("model-{:05}-of-00039.safetensors", i + 1)),
+            vec![u8::try_from(i).unwrap_or(0); 1 << 20],
+        )?;
+    }
+    let mdest = w.disk_dir.join("bench-39");
+    let mjobs = expand(&many, &mdest)?;
+    let (mmanifest, mhashes) = (
+        mdest.join(".manifest.tsv"),
+        info.state_dir.join("hashes.tsv"),
+    );
+    let go = || {
+        pull::transfer(
+            &exec,
+            &server,
+            &mjobs,
+            &mmanifest,
+            &mhashes,
+            4,
+            &|_, _, _| {},
+        )
+    };
+    go().await?;
+    let t = Instant::now();
+    let again39 = go().await?;
+    println!(
+        "up-to-date re-run, 39 files: {} sent, {} bytes, in {:.2} s",
+        again39.sent,
+        again39.bytes_sent,
+        t.elapsed().as_secs_f64()
+    );
+    for d in [&dest, &rdest, &cdest, &src, &many, &mdest] {
         let _ = std::fs::remove_dir_all(d);
     }
     Ok(())
