@@ -21,6 +21,9 @@ pub struct NodeLayout {
     pub inputs_dir: String,
     /// Saved rank logs.
     pub log_dir: String,
+    /// The image routing bias read by byte range from the original model when the kit does not
+    /// publish it (FetchCheckpoint writes it, BuildRankCache puts it into the kit).
+    pub bias_vl_file: String,
     /// The engine image's reference on this node: `engine.image`, except on a testbed worker,
     /// which shares the head's Docker daemon and so gets a distinct tag (`<tag>-<node>`) that
     /// only the shipment through its own Docker can create.
@@ -58,6 +61,10 @@ impl NodeLayout {
             engram_dir: format!("{d}/engram/{}", c.model.engram_revision),
             inputs_dir: format!("{d}/inputs/{identity}"),
             log_dir: format!("{d}/logs/{}", c.deployment.name),
+            bias_vl_file: format!(
+                "{d}/bias_vl/{}/gate_bias_vl.safetensors",
+                c.model.engram_revision
+            ),
             image: if c.deployment.testbed && c.nodes.first().is_some_and(|h| h.name != node.name) {
                 let (repo, tag) = c
                     .engine

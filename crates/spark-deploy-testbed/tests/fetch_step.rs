@@ -150,3 +150,83 @@ async fn ablit_overlay_gated_and_separate_and_verify_only_catches_a_flipped_byte
         .expect_err("unreachable hub and a corrupt cache");
     assert!(err.to_string().contains("failed"), "{err}");
 }
+
+/// The kit of this repo set does not publish `vision/gate_bias_vl.safetensors`, and the original
+/// model's second shard is not among the Engram files: FetchCheckpoint reads the `bias_vl` tensors
+/// by byte range (never the whole shard) and writes the same file the kit would have carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bias_vl_is_fetched_by_byte_range_when_the_kit_lacks_it() {
+    let d = tempfile::tempdir().unwrap();
+    let repos = d.path().join("repos");
+    hub_tree(&repos, 11).unwrap();
+    let kit_bias = repos.join(KIT).join("kit/vision/gate_bias_vl.safetensors");
+    let reference = std::fs::read(&kit_bias).unwrap();
+    std::fs::remove_file(&kit_bias).unwrap();
+    let hub = HubServer::start(
+        &repos,
+        "127.0.0.1:0".parse().unwrap(),
+        HubOptions::default(),
+    )
+    .unwrap();
+    let mut c = DeploymentConfig::default();
+    c.deployment.testbed = true;
+    c.deployment.state_dir = d.path().join("state").display().to_string();
+    c.hub.endpoint = hub.endpoint();
+    c.hub.cache = d.path().join("hf").display().to_string();
+    c.hub.token_file = d.path().join("no-token").display().to_string();
+    c.model.id = MODEL.into();
+    c.model.revision = hub.commit(MODEL).unwrap();
+    c.model.engram_repo = ORIGINAL.into();
+    c.model.engram_revision = hub.commit(ORIGINAL).unwrap();
+    // Only the first original shard is an "Engram file"; the second is read by range only.
+    c.model.engram_files = vec!["model-00001-of-00002.safetensors".into()];
+    c.model.kit_repo = KIT.into();
+    c.model.kit_revision = hub.commit(KIT).unwrap();
+    let mut head = NodeConfig::head();
+    head.data_dir = d.path().join("data").display().to_string();
+    c.nodes = vec![head, NodeConfig::worker("worker-1", "root@127.0.0.1")];
+    let v = validate(c, d.path()).unwrap();
+    let rec = Recorder::default();
+    fetch_only(&v, false)
+        .run(&Context::new(v.clone(), Arc::new(rec.clone())))
+        .await
+        .unwrap();
+    let out = spark_deploy_core::layout::NodeLayout::of(&v, &v.config().nodes[0]).bias_vl_file;
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        reference,
+        "byte-identical to the kit's file"
+    );
+    let shard = "model-00002-of-00002.safetensors";
+    let size = std::fs::metadata(repos.join(ORIGINAL).join(shard))
+        .unwrap()
+        .len();
+    let gets: Vec<_> = hub
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with(&format!("/{shard}")))
+        .collect();
+    assert!(!gets.is_empty());
+    assert!(
+        gets.iter().all(|r| r.range.is_some() && r.status == 206),
+        "{gets:?}"
+    );
+    let served: u64 = gets.iter().map(|r| r.body_bytes).sum();
+    // The header probe (a 64 KiB window, as for the Hub port) plus the tensors' own ranges: on
+    // a real 5 GB shard that is ~0.001 %, here on a 0.3 MB test shard it is about a fifth.
+    assert!(
+        served <= 64 * 1024 + reference.len() as u64 && served < size,
+        "served {served} of {size} bytes of {shard} for the bias_vl ranges"
+    );
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("bias_vl: {served} bytes served of the {size}-byte shard {shard}");
+    }
+    // A re-run finds the file and reads nothing.
+    hub.clear_requests();
+    fetch_only(&v, false)
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await
+        .unwrap();
+    assert!(!hub.requests().iter().any(|r| r.path.ends_with(shard)));
+}

@@ -177,6 +177,7 @@ impl BuildRankCache {
         )
         .join("kit");
         let layout = crate::layout::NodeLayout::of(ctx.config(), &c.nodes[0]);
+        let fetched_bias = std::path::PathBuf::from(&layout.bias_vl_file);
         let world = self.ranks.len();
         let testbed = c.deployment.testbed;
         let label = format!("{}@{}", c.model.id, facts.model_commit);
@@ -259,6 +260,12 @@ impl BuildRankCache {
                     })?;
                 }
                 let bias = kit_dir.join("vision/gate_bias_vl.safetensors");
+                if !bias.exists() && fetched_bias.exists() {
+                    // Read by byte range from the Hub at fetch (the kit does not publish it).
+                    std::fs::create_dir_all(kit_dir.join("vision"))
+                        .and_then(|()| std::fs::copy(&fetched_bias, &bias).map(|_| ()))
+                        .map_err(|e| (Box::new(e) as BoxError, "the kit dir must be writable"))?;
+                }
                 if !bias.exists() {
                     bias_vl::write_bias_vl(&original, &bias).map_err(|e| {
                         (

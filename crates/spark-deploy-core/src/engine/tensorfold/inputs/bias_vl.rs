@@ -67,26 +67,46 @@ fn json_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
-/// Writes `out` from the original checkpoint in `original_dir`.
+/// One `bias_vl` tensor: its name, shape and raw little-endian F32 bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BiasTensor {
+    /// Tensor name (`model.layers.N.ffn.gate.bias_vl`).
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Raw bytes.
+    pub data: Vec<u8>,
+}
+
+/// The names of every `*.ffn.gate.bias_vl` tensor in an index's weight map with their shard,
+/// sorted by name (as the kit's script does).
+#[must_use]
+pub fn bias_names(
+    weight_map: &std::collections::BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    weight_map
+        .iter()
+        .filter(|(k, _)| k.ends_with(".ffn.gate.bias_vl"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Writes `out` from the original checkpoint in `original_dir` (its shards read locally, only the
+/// tensors' byte ranges).
 ///
 /// # Errors
 /// A missing or malformed index / shard header, no `bias_vl` tensor, a tensor that is not F32, or
 /// I/O errors.
 pub fn write_bias_vl(original_dir: &Path, out: &Path) -> Result<BiasVlReport, BiasVlError> {
     let ix = read_index_json(&original_dir.join("model.safetensors.index.json"))?;
-    let names: Vec<(&String, &String)> = ix
-        .weight_map
-        .iter()
-        .filter(|(k, _)| k.ends_with(".ffn.gate.bias_vl"))
-        .collect(); // BTreeMap: already sorted by name, as Python's sorted()
+    let names = bias_names(&ix.weight_map);
     if names.is_empty() {
         return Err(BiasVlError::NoTensors {
             dir: original_dir.to_path_buf(),
         });
     }
     let mut headers: HashMap<&String, ShardHeader> = HashMap::new();
-    let mut parts: Vec<String> = Vec::new();
-    let mut data: Vec<u8> = Vec::new();
+    let mut tensors = Vec::new();
     for (name, shard) in &names {
         if !headers.contains_key(shard) {
             headers.insert(shard, read_shard_header(&original_dir.join(shard))?);
@@ -95,30 +115,49 @@ pub fn write_bias_vl(original_dir: &Path, out: &Path) -> Result<BiasVlReport, Bi
         let t = h
             .tensors
             .iter()
-            .find(|t| &t.name == *name)
+            .find(|t| &t.name == name)
             .ok_or_else(|| BiasVlError::Tensor {
-                tensor: (*name).clone(),
+                tensor: name.clone(),
                 shard: h.shard.path.clone(),
                 problem: "the shard does not hold it".into(),
             })?;
         if t.dtype_name != "F32" {
             return Err(BiasVlError::Tensor {
-                tensor: (*name).clone(),
+                tensor: name.clone(),
                 shard: h.shard.path.clone(),
                 problem: format!("dtype is {}, not F32", t.dtype_name),
             });
         }
-        let start = data.len();
-        data.resize(start + t.len as usize, 0);
+        let mut data = vec![0; t.len as usize];
         let f = File::open(&h.shard.path).map_err(|source| BiasVlError::Io {
             path: h.shard.path.clone(),
             source,
         })?;
-        f.read_exact_at(&mut data[start..], t.offset)
+        f.read_exact_at(&mut data, t.offset)
             .map_err(|source| BiasVlError::Io {
                 path: h.shard.path.clone(),
                 source,
             })?;
+        tensors.push(BiasTensor {
+            name: name.clone(),
+            shape: t.shape.clone(),
+            data,
+        });
+    }
+    write_tensors(&tensors, out)
+}
+
+/// Writes `out` (atomically) from tensors read elsewhere (e.g. by byte range from the Hub), in the
+/// kit's layout; `tensors` sorted by name.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_tensors(tensors: &[BiasTensor], out: &Path) -> Result<BiasVlReport, BiasVlError> {
+    let mut parts: Vec<String> = Vec::new();
+    let mut data: Vec<u8> = Vec::new();
+    for t in tensors {
+        let start = data.len();
+        data.extend_from_slice(&t.data);
         let shape = t
             .shape
             .iter()
@@ -127,7 +166,7 @@ pub fn write_bias_vl(original_dir: &Path, out: &Path) -> Result<BiasVlReport, Bi
             .join(", ");
         parts.push(format!(
             "{}: {{\"dtype\": \"F32\", \"shape\": [{shape}], \"data_offsets\": [{start}, {}]}}",
-            json_str(name),
+            json_str(&t.name),
             data.len()
         ));
     }
@@ -154,7 +193,7 @@ pub fn write_bias_vl(original_dir: &Path, out: &Path) -> Result<BiasVlReport, Bi
     std::fs::rename(&tmp, out).map_err(io(out))?;
     use sha2::Digest;
     Ok(BiasVlReport {
-        tensors: names.len(),
+        tensors: tensors.len(),
         bytes: blob.len() as u64,
         sha256: hex::encode(sha2::Sha256::digest(&blob)),
     })
