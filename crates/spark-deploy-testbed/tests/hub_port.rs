@@ -524,6 +524,54 @@ async fn files_download_in_parallel_with_a_bounded_number_of_streams() {
 }
 
 #[tokio::test]
+async fn a_rate_limited_hub_paces_every_transfer_and_logs_it_over_http() {
+    let tree = make_tree();
+    let rate = 4_000_000;
+    let server = start_with(
+        &tree,
+        spark_deploy_testbed::hub_server::HubOptions {
+            rate_limit: std::num::NonZeroU64::new(rate),
+            ..Default::default()
+        },
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let hub = Hub::new(config(&server, cache.path())).unwrap();
+    let (r, files) = pinned_all(&hub, TINY, "main").await;
+    let shard: Vec<RemoteFile> = files.into_iter().filter(|f| f.path == SHARD).collect();
+    let size = shard[0].size;
+    let t = Instant::now();
+    let report = hub.fetch(&r, &shard, &NoProgress).await.unwrap();
+    let took = t.elapsed().as_secs_f64();
+    assert_eq!(report.transferred, size);
+    // ~2.9 s at 4 MB/s; without the limit this takes well under a second on loopback.
+    let ideal = size as f64 / rate as f64;
+    assert!(
+        took >= ideal * 0.9,
+        "{size} bytes in {took:.2} s at {rate} B/s"
+    );
+    assert!(
+        took <= ideal * 1.5 + 1.0,
+        "{size} bytes in {took:.2} s at {rate} B/s"
+    );
+    // The request log over HTTP (for hubs run as `sd-hub`) matches the in-process one.
+    let body = reqwest::get(format!("{}/_testbed/requests", server.endpoint()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let log: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let served: u64 = log.iter().filter_map(|r| r["body_bytes"].as_u64()).sum();
+    assert_eq!(served, server.bytes_served());
+    assert_eq!(served, size);
+    assert!(
+        log.iter()
+            .any(|r| r["method"] == "GET" && r["path"].as_str().unwrap().ends_with(SHARD)),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn every_transfer_cut_at_half_still_completes_by_resuming() {
     let tree = make_tree();
     let server = start(&tree, false);
