@@ -572,6 +572,63 @@ async fn a_rate_limited_hub_paces_every_transfer_and_logs_it_over_http() {
 }
 
 #[tokio::test]
+async fn a_cancelled_fetch_keeps_every_received_byte_and_the_next_fetch_continues_there() {
+    let tree = make_tree();
+    let paced = start_with(
+        &tree,
+        spark_deploy_testbed::hub_server::HubOptions {
+            rate_limit: std::num::NonZeroU64::new(1_000_000),
+            ..Default::default()
+        },
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let (cancel, cancelled) = tokio::sync::watch::channel(false);
+    let mut cfg = config(&paced, cache.path());
+    cfg.cancel = Some(cancelled);
+    let hub = Hub::new(cfg).unwrap();
+    let (r, files) = pinned_all(&hub, TINY, "main").await;
+    let shard: Vec<RemoteFile> = files.into_iter().filter(|f| f.path == SHARD).collect();
+    let events = Events::default();
+    let (result, since_cancel) = tokio::join!(hub.fetch(&r, &shard, &events), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        cancel.send(true).unwrap();
+        Instant::now()
+    });
+    let took = since_cancel.elapsed();
+    assert!(
+        matches!(result, Err(FetchError::Cancelled { .. })),
+        "{result:?}"
+    );
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    // Everything that arrived (the last progress event says how much) is in the partial file.
+    let partial = std::fs::read_dir(blobs_dir(cache.path(), TINY))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "incomplete"))
+        .expect("a .incomplete file");
+    let kept = std::fs::read(&partial).unwrap();
+    let last = events.all().into_iter().rev().find_map(|e| match e {
+        FetchEvent::Progress { file_done, .. } => Some(file_done),
+        _ => None,
+    });
+    assert_eq!(last, Some(kept.len() as u64));
+    assert!(kept.len() >= 1_000_000, "{} bytes kept", kept.len());
+    assert!(tree.file(TINY, SHARD).starts_with(&kept));
+    // The next fetch (an unpaced hub over the same tree) asks for the rest only.
+    let server = start(&tree, false);
+    let hub = Hub::new(config(&server, cache.path())).unwrap();
+    let report = hub.fetch(&r, &shard, &NoProgress).await.unwrap();
+    assert_eq!(
+        std::fs::read(report.snapshot_dir.join(SHARD)).unwrap(),
+        tree.file(TINY, SHARD)
+    );
+    let gets = gets_of(&server, SHARD);
+    assert_eq!(gets.len(), 1, "{gets:?}");
+    assert_eq!(gets[0].range_start, Some(kept.len() as u64));
+    assert_eq!(report.transferred, shard[0].size - kept.len() as u64);
+}
+
+#[tokio::test]
 async fn every_transfer_cut_at_half_still_completes_by_resuming() {
     let tree = make_tree();
     let server = start(&tree, false);
