@@ -48,6 +48,7 @@ def testbed():
 def test_deploy_chat_status_logs_stop(testbed):
     import openai
 
+    assert isinstance(testbed.state_dir, pathlib.Path) and (testbed.state_dir / "testbed.json").is_file()
     dep = spark_deploy.Deployment(testbed.config)
     desc = dep.plan().describe()
     assert [s["step"] for s in desc["steps"]][0] == "preflight"
