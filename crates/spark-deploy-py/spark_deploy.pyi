@@ -1,5 +1,6 @@
 """Type stubs for ``spark_deploy``: the spark-deploy plan API from Python."""
 
+import pathlib
 import threading
 from collections.abc import Coroutine
 from os import PathLike
@@ -178,7 +179,7 @@ class Testbed:
     def config(self) -> Config:
         """The deployment config targeting this testbed."""
     @property
-    def state_dir(self) -> str:
+    def state_dir(self) -> pathlib.Path:
         """The testbed's state directory."""
     def close(self) -> None:
         """Stop the hub (the containers stay; ``testbed_down()`` removes them)."""

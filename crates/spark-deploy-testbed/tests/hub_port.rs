@@ -524,6 +524,111 @@ async fn files_download_in_parallel_with_a_bounded_number_of_streams() {
 }
 
 #[tokio::test]
+async fn a_rate_limited_hub_paces_every_transfer_and_logs_it_over_http() {
+    let tree = make_tree();
+    let rate = 4_000_000;
+    let server = start_with(
+        &tree,
+        spark_deploy_testbed::hub_server::HubOptions {
+            rate_limit: std::num::NonZeroU64::new(rate),
+            ..Default::default()
+        },
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let hub = Hub::new(config(&server, cache.path())).unwrap();
+    let (r, files) = pinned_all(&hub, TINY, "main").await;
+    let shard: Vec<RemoteFile> = files.into_iter().filter(|f| f.path == SHARD).collect();
+    let size = shard[0].size;
+    let t = Instant::now();
+    let report = hub.fetch(&r, &shard, &NoProgress).await.unwrap();
+    let took = t.elapsed().as_secs_f64();
+    assert_eq!(report.transferred, size);
+    // ~2.9 s at 4 MB/s; without the limit this takes well under a second on loopback.
+    let ideal = size as f64 / rate as f64;
+    assert!(
+        took >= ideal * 0.9,
+        "{size} bytes in {took:.2} s at {rate} B/s"
+    );
+    assert!(
+        took <= ideal * 1.5 + 1.0,
+        "{size} bytes in {took:.2} s at {rate} B/s"
+    );
+    // The request log over HTTP (for hubs run as `sd-hub`) matches the in-process one.
+    let body = reqwest::get(format!("{}/_testbed/requests", server.endpoint()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let log: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
+    let served: u64 = log.iter().filter_map(|r| r["body_bytes"].as_u64()).sum();
+    assert_eq!(served, server.bytes_served());
+    assert_eq!(served, size);
+    assert!(
+        log.iter()
+            .any(|r| r["method"] == "GET" && r["path"].as_str().unwrap().ends_with(SHARD)),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_fetch_keeps_every_received_byte_and_the_next_fetch_continues_there() {
+    let tree = make_tree();
+    let paced = start_with(
+        &tree,
+        spark_deploy_testbed::hub_server::HubOptions {
+            rate_limit: std::num::NonZeroU64::new(1_000_000),
+            ..Default::default()
+        },
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let (cancel, cancelled) = tokio::sync::watch::channel(false);
+    let mut cfg = config(&paced, cache.path());
+    cfg.cancel = Some(cancelled);
+    let hub = Hub::new(cfg).unwrap();
+    let (r, files) = pinned_all(&hub, TINY, "main").await;
+    let shard: Vec<RemoteFile> = files.into_iter().filter(|f| f.path == SHARD).collect();
+    let events = Events::default();
+    let (result, since_cancel) = tokio::join!(hub.fetch(&r, &shard, &events), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        cancel.send(true).unwrap();
+        Instant::now()
+    });
+    let took = since_cancel.elapsed();
+    assert!(
+        matches!(result, Err(FetchError::Cancelled { .. })),
+        "{result:?}"
+    );
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    // Everything that arrived (the last progress event says how much) is in the partial file.
+    let partial = std::fs::read_dir(blobs_dir(cache.path(), TINY))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "incomplete"))
+        .expect("a .incomplete file");
+    let kept = std::fs::read(&partial).unwrap();
+    let last = events.all().into_iter().rev().find_map(|e| match e {
+        FetchEvent::Progress { file_done, .. } => Some(file_done),
+        _ => None,
+    });
+    assert_eq!(last, Some(kept.len() as u64));
+    assert!(kept.len() >= 1_000_000, "{} bytes kept", kept.len());
+    assert!(tree.file(TINY, SHARD).starts_with(&kept));
+    // The next fetch (an unpaced hub over the same tree) asks for the rest only.
+    let server = start(&tree, false);
+    let hub = Hub::new(config(&server, cache.path())).unwrap();
+    let report = hub.fetch(&r, &shard, &NoProgress).await.unwrap();
+    assert_eq!(
+        std::fs::read(report.snapshot_dir.join(SHARD)).unwrap(),
+        tree.file(TINY, SHARD)
+    );
+    let gets = gets_of(&server, SHARD);
+    assert_eq!(gets.len(), 1, "{gets:?}");
+    assert_eq!(gets[0].range_start, Some(kept.len() as u64));
+    assert_eq!(report.transferred, shard[0].size - kept.len() as u64);
+}
+
+#[tokio::test]
 async fn every_transfer_cut_at_half_still_completes_by_resuming() {
     let tree = make_tree();
     let server = start(&tree, false);

@@ -165,6 +165,10 @@ pub struct HubConfig {
     pub backoff_max: Duration,
     /// TCP connect timeout.
     pub connect_timeout: Duration,
+    /// When this turns `true`, transfers stop, write what they received to their `.incomplete`
+    /// files and the fetch ends with [`FetchError::Cancelled`](super::FetchError::Cancelled).
+    /// (Dropping the fetch future also stops it, but may lose the bytes still buffered.)
+    pub cancel: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl HubConfig {
@@ -181,6 +185,7 @@ impl HubConfig {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(15),
+            cancel: None,
         }
     }
 

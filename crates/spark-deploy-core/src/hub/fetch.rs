@@ -14,6 +14,10 @@
 //!    under a final name.
 //! 5. A branch revision is recorded in `refs/<branch>`.
 //!
+//! A fetch given a cancel signal ([`HubConfig::cancel`](super::HubConfig)) ends with
+//! [`FetchError::Cancelled`] once it turns `true`: the bytes each transfer received are written
+//! and synced to its `.incomplete` file first, so the next fetch continues from there.
+//!
 //! # Caveats
 //! No cross-process lock is taken: do not run two fetches of the same repository into one cache at
 //! the same time (the Python client's `.locks` are not honoured either).
@@ -94,6 +98,14 @@ pub enum FetchError {
     /// Linking the snapshot or writing a ref failed.
     #[error(transparent)]
     Cache(#[from] CacheError),
+    /// The cancel signal was raised; partial files are kept, resumable.
+    #[error("{repo} at {commit}: cancelled; the partial files are kept and resumed next time")]
+    Cancelled {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+    },
 }
 
 impl FetchError {
@@ -201,7 +213,12 @@ struct Target<'a> {
 
 enum Attempt {
     Complete,
-    Failed { reason: String, progressed: bool },
+    Failed {
+        reason: String,
+        progressed: bool,
+    },
+    /// The cancel signal was raised; what arrived is on disk.
+    Cancelled,
 }
 
 /// Select files by exact path or by simple globs (`*` matches within a path segment, `**` across
@@ -235,7 +252,32 @@ fn glob_match(pat: &str, s: &str) -> bool {
     go(pat.as_bytes(), s.as_bytes())
 }
 
+/// Resolves once `cancel` is `true`; never without a signal.
+async fn cancelled(cancel: Option<&tokio::sync::watch::Receiver<bool>>) {
+    match cancel {
+        Some(rx) => {
+            let mut rx = rx.clone();
+            if rx.wait_for(|c| *c).await.is_err() {
+                // The sender is gone: no cancellation can come any more.
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 impl Hub {
+    fn is_cancelled(&self) -> bool {
+        self.cfg.cancel.as_ref().is_some_and(|rx| *rx.borrow())
+    }
+
+    fn cancelled_error(r: &ResolvedRepo) -> FetchError {
+        FetchError::Cancelled {
+            repo: r.repo.clone(),
+            commit: r.commit.clone(),
+        }
+    }
+
     /// Verify-only mode: check the cached snapshot of `repo` at `revision` (a commit, or a branch
     /// recorded in `refs/`) with **no network**; see [`verify::verify_snapshot`]. `wanted` limits
     /// the check to these paths (and reports any of them missing).
@@ -437,6 +479,9 @@ impl Hub {
         job: &Job,
         tally: &Tally<'_>,
     ) -> Result<FileOutcome, FetchError> {
+        if self.is_cancelled() {
+            return Err(Self::cancelled_error(r));
+        }
         let file = job.paths.first().cloned().unwrap_or_default();
         let blob = self.cache.blob_path(&r.repo, &job.etag);
         let incomplete = self.cache.incomplete_path(&r.repo, &job.etag);
@@ -558,6 +603,9 @@ impl Hub {
             if have == size {
                 return Ok(());
             }
+            if self.is_cancelled() {
+                return Err(Self::cancelled_error(r));
+            }
             tally.progress.on_event(&FetchEvent::FileStarted {
                 file: file.to_owned(),
                 offset: have,
@@ -565,6 +613,7 @@ impl Hub {
             });
             match self.attempt(t, have, hasher, tally).await? {
                 Attempt::Complete => return Ok(()),
+                Attempt::Cancelled => return Err(Self::cancelled_error(r)),
                 Attempt::Failed { reason, progressed } => {
                     if progressed {
                         fails = 0;
@@ -590,7 +639,10 @@ impl Hub {
                         reason,
                         backoff,
                     });
-                    tokio::time::sleep(backoff).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        () = cancelled(self.cfg.cancel.as_ref()) => return Err(Self::cancelled_error(r)),
+                    }
                 }
             }
         }
@@ -637,7 +689,11 @@ impl Hub {
         if have > 0 {
             req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
         }
-        let resp = match tokio::time::timeout(stall, req.send()).await {
+        let sent = tokio::select! {
+            sent = tokio::time::timeout(stall, req.send()) => sent,
+            () = cancelled(self.cfg.cancel.as_ref()) => return Ok(Attempt::Cancelled),
+        };
+        let resp = match sent {
             Err(_) => return failed(format!("no response within {stall:?}"), false),
             Ok(Err(e)) => return failed(format!("request failed: {}", e.without_url()), false),
             Ok(Ok(resp)) => resp,
@@ -699,8 +755,16 @@ impl Hub {
         let mut stream = resp.bytes_stream();
         let mut got = 0u64;
         let mut last_event = Instant::now();
+        let mut was_cancelled = false;
         let result = loop {
-            match tokio::time::timeout(stall, stream.next()).await {
+            let next = tokio::select! {
+                next = tokio::time::timeout(stall, stream.next()) => next,
+                () = cancelled(self.cfg.cancel.as_ref()) => {
+                    was_cancelled = true;
+                    break None;
+                }
+            };
+            match next {
                 Err(_) => break Some(format!("stalled: no byte for {stall:?}")),
                 Ok(None) => break None,
                 Ok(Some(Err(e))) => break Some(format!("transfer broke: {}", e.without_url())),
@@ -734,6 +798,7 @@ impl Hub {
             .map_err(|e| self.io_err(r, file, incomplete, e))?;
         tally.progress(file, have + got, size);
         match result {
+            None if was_cancelled => Ok(Attempt::Cancelled),
             None if have + got == size => Ok(Attempt::Complete),
             None => failed(
                 format!("body ended at byte {} of {size}", have + got),

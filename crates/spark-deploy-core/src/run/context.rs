@@ -250,6 +250,13 @@ impl Context {
         *self.cancel.borrow()
     }
 
+    /// The cancellation flag as a watch receiver, for ports that wind down on their own (the
+    /// Hub port's [`HubConfig::cancel`](crate::hub::HubConfig)).
+    #[must_use]
+    pub fn cancel_signal(&self) -> watch::Receiver<bool> {
+        self.cancel.clone()
+    }
+
     /// Resolves when cancellation is requested.
     pub async fn cancelled(&self) {
         let mut rx = self.cancel.clone();

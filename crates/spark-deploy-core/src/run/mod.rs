@@ -106,6 +106,9 @@ pub struct RunError {
     pub failure: StepFailure,
 }
 
+/// How long a step moving bytes may take, once cancelled, to end its transfers cleanly.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn millis(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -131,15 +134,25 @@ async fn run_step(step: &Step, ctx: &Context) -> Result<Outcome, StepFailure> {
         }
     };
     // LaunchRank and Stop always run to their end (bounded) so that the both-or-neither cleanup
-    // sees every container they started; every other step is abandoned at once on cancellation
-    // (its partial state is resumable: downloads and copies keep their partial files, preflight
-    // changes nothing).
+    // sees every container they started. Steps that move bytes (downloads, copies) see the
+    // cancellation themselves and get CANCEL_GRACE to end their transfers and put what arrived
+    // on disk, so their partial files resume next time; then they, and every other step, are
+    // abandoned (preflight changes nothing).
     if matches!(step.kind(), StepKind::LaunchRank | StepKind::Stop) {
         return work.await;
     }
+    let mut work = std::pin::pin!(work);
     tokio::select! {
-        r = work => r,
-        () = ctx.cancelled() => Err(StepFailure::new(step.kind(), "cancelled", None)),
+        r = &mut work => r,
+        () = ctx.cancelled() => {
+            if matches!(
+                step.kind(),
+                StepKind::FetchCheckpoint | StepKind::ConfigureWorkerStorage | StepKind::BuildImage
+            ) {
+                let _ = tokio::time::timeout(CANCEL_GRACE, work).await;
+            }
+            Err(StepFailure::new(step.kind(), "cancelled", None))
+        }
     }
 }
 

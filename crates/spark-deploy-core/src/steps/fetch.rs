@@ -392,6 +392,8 @@ impl FetchCheckpoint {
         for r in &self.repos {
             let mut cfg = HubConfig::new(endpoint.clone(), hub_dir(&r.cache));
             cfg.token.clone_from(&token);
+            // On cancellation the transfers put what they received on disk before the step ends.
+            cfg.cancel = Some(ctx.cancel_signal());
             let fail = |e: Box<dyn std::error::Error + Send + Sync>| {
                 StepFailure::new(
                     StepKind::FetchCheckpoint,

@@ -172,7 +172,19 @@ pub(crate) async fn ship(
             eta_s: None,
         });
     };
-    Ok(pull::transfer(exec, &server, jobs, &manifest, &hashes, 4, &progress).await?)
+    let transfer = pull::transfer(exec, &server, jobs, &manifest, &hashes, 4, &progress);
+    let mut transfer = std::pin::pin!(transfer);
+    tokio::select! {
+        r = &mut transfer => Ok(r?),
+        () = ctx.cancelled() => {
+            // Break the pulls in flight and wait for them to end (the run bounds this wait):
+            // each worker keeps its `.partial` file, and files that arrived whole are already
+            // in the worker's manifest, so the next run resumes the one and skips the others.
+            server.stop_transfers();
+            let _ = transfer.await;
+            Err("cancelled".into())
+        }
+    }
 }
 
 /// Moves other `rank{R}of{W}-*.bin` files of the worker's rank-cache directory aside, so the

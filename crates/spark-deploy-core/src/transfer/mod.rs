@@ -156,4 +156,116 @@ mod tests {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&code.stdout), "401");
     }
+
+    /// A transfer that ends early (here: one file fails) has already recorded the files that
+    /// arrived whole, so the next run sends only the rest.
+    #[tokio::test]
+    async fn files_that_arrived_are_recorded_even_when_the_transfer_fails() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        for (name, n) in [
+            ("a.bin", 200_000u32),
+            ("b.bin", 300_000),
+            ("c.bin", 400_000),
+        ] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 13 % 251) as u8).collect();
+            std::fs::write(src.join(name), data).unwrap();
+        }
+        let dst = d.path().join("dst");
+        let jobs = expand(&src, &dst).unwrap();
+        let mut broken = jobs.clone();
+        broken[2].size += 1; // c.bin cannot verify
+        let server = server::FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let exec = Exec::local("worker-test");
+        let manifest = d.path().join("data/.spark-deploy-received.tsv");
+        let cache = d.path().join("state/hashes.tsv");
+        let none = |_: u64, _: u64, _: &str| {};
+        // One stream: a.bin and b.bin land before c.bin fails.
+        let err = pull::transfer(&exec, &server, &broken, &manifest, &cache, 1, &none)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("c.bin"), "{err}");
+        let recorded = std::fs::read_to_string(&manifest).unwrap();
+        assert_eq!(recorded.lines().count(), 2, "{recorded}");
+        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 1, &none)
+            .await
+            .unwrap();
+        assert_eq!((s.files, s.sent, s.bytes_sent), (3, 1, 400_000));
+        assert_eq!(
+            std::fs::read(dst.join("c.bin")).unwrap(),
+            std::fs::read(src.join("c.bin")).unwrap()
+        );
+    }
+
+    /// `stop_transfers` resets a response in flight: the client gets what its socket already
+    /// held, then an error, instead of the rest of a pull that belongs to a cancelled run; new
+    /// requests are refused.
+    #[tokio::test]
+    async fn stopping_the_server_resets_a_pull_in_flight() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        const SIZE: usize = 64 << 20;
+        let d = tempfile::tempdir().unwrap();
+        let big = d.path().join("big.bin");
+        std::fs::write(&big, vec![7u8; SIZE]).unwrap();
+        let server = server::FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let url = server.allow(big.clone());
+        let path = url
+            .split_once(&server.addr().to_string())
+            .unwrap()
+            .1
+            .to_owned();
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\r\n",
+            server.addr(),
+            server.token().expose()
+        );
+        let mut conn = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+        conn.write_all(request.as_bytes()).await.unwrap();
+        // A slow reader first (the socket buffers fill up), then as fast as possible.
+        let mut buf = vec![0u8; 64 << 10];
+        let mut got = 0;
+        for _ in 0..10 {
+            got += conn.read(&mut buf).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let t = std::time::Instant::now();
+        server.stop_transfers();
+        let rest = async {
+            loop {
+                match conn.read(&mut buf).await {
+                    Ok(0) => break None,
+                    Ok(n) => got += n,
+                    Err(e) => break Some(e.kind()),
+                }
+            }
+        };
+        // Without the reset the whole file arrives and the connection then idles (keep-alive).
+        let end = tokio::time::timeout(std::time::Duration::from_secs(5), rest)
+            .await
+            .expect("the connection neither failed nor ended within 5 s of the stop");
+        assert_eq!(
+            end,
+            Some(std::io::ErrorKind::ConnectionReset),
+            "after {got} bytes"
+        );
+        assert!(got < SIZE, "{got}");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
+        let again = tokio::process::Command::new("curl")
+            .args(["-fsS", "-o", "/dev/null", "-H"])
+            .arg(format!("Authorization: Bearer {}", server.token().expose()))
+            .arg(&url)
+            .status()
+            .await
+            .unwrap();
+        assert!(!again.success());
+    }
 }

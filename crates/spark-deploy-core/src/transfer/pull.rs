@@ -12,14 +12,15 @@ use super::{FileJob, TransferError};
 use crate::ports::exec::{Cmd, Exec};
 
 /// The script each pull runs on the worker. Reads the token from stdin (never argv), resumes a
-/// `.partial`, checks size and sha256, renames, and prints the final mtime.
+/// `.partial`, checks size and sha256, renames, records the file in the manifest (so a run that
+/// ends early never sends it again) and prints the final mtime.
 /// Hashing uses `openssl dgst` when the worker has it (SHA extensions: ~1 GB/s here, where
 /// coreutils' `sha256sum` does ~0.2 GB/s and would cap the copy), else `sha256sum`.
 const PULL: &str = r#"set -u
 if command -v openssl >/dev/null 2>&1; then h() { openssl dgst -sha256 -r "$@"; }; else h() { sha256sum "$@"; }; fi
 IFS= read -r token
-url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; part="$dest.partial"
-mkdir -p -- "$(dirname -- "$dest")" || exit 10
+url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; manifest="$6"; part="$dest.partial"
+mkdir -p -- "$(dirname -- "$dest")" "$(dirname -- "$manifest")" || exit 10
 have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
 if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
 if [ "$have" -lt "$size" ]; then
@@ -30,7 +31,10 @@ got=$(stat -c %s -- "$part")
 [ "$got" = "$size" ] || { echo "size $got, expected $size" >&2; exit 12; }
 sum=$(h "$part" | cut -d' ' -f1)
 [ "$sum" = "$sha" ] || { rm -f -- "$part"; echo "sha256 $sum, expected $sha (partial removed)" >&2; exit 13; }
-chmod "$mode" -- "$part" && mv -f -- "$part" "$dest" && stat -c %.9Y -- "$dest""#;
+chmod "$mode" -- "$part" && mv -f -- "$part" "$dest" || exit 14
+mtime=$(stat -c %.9Y -- "$dest") || exit 14
+printf '%s\t%s\t%s\t%s\n' "$dest" "$size" "$mtime" "$sha" >> "$manifest" || exit 14
+echo "$mtime""#;
 
 /// Prints `<size> <mtime> <path>` for every existing argument.
 const STAT: &str =
@@ -118,7 +122,8 @@ fn save_cache(path: &Path, cache: &HashMap<String, String>) {
 }
 
 /// Moves `jobs` to the worker behind `exec`, pulling from `server` with `streams` parallel pulls.
-/// `manifest` (on the worker) records verified files as `path\tsize\tmtime\tsha256`; `hash_cache`
+/// `manifest` (on the worker) records verified files as `path\tsize\tmtime\tsha256` (each pull
+/// appends its line as its file lands; the end of the transfer rewrites it compacted); `hash_cache`
 /// (on the head) remembers source hashes. `progress(done_bytes, total_bytes, file)` is called as
 /// files complete.
 ///
@@ -155,7 +160,7 @@ pub async fn transfer(
         path: hash_cache.to_owned(),
         source: std::io::Error::other(e),
     })??;
-    // What the worker already holds, verified.
+    // What the worker already holds, verified (pulls append, so a later line for a path wins).
     let recorded: HashMap<String, (u64, String, String)> = match exec.read_file(manifest).await {
         Ok(b) => String::from_utf8_lossy(&b)
             .lines()
@@ -223,6 +228,7 @@ pub async fn transfer(
                 j.size.to_string(),
                 sha.clone(),
                 format!("{:o}", j.mode),
+                manifest.display().to_string(),
             ])
             .stdin(token_line.clone().into_bytes());
         async move { (j, sha, exec.output(&cmd).await) }

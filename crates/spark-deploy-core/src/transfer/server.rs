@@ -1,14 +1,23 @@
 //! The head's file server: an allow-list of files, bound to one address, behind a bearer token.
+//!
+//! Stopping it ([`FileServer::stop_transfers`], or dropping it) resets every connection at once
+//! (`SO_LINGER` 0: bytes still in the socket buffers are discarded, not delivered), so no pull
+//! outlives the run that started it: the worker's `curl` fails immediately and its partial file
+//! stays for the next run to resume.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tower::ServiceExt as _;
 use tower_http::services::ServeFile;
 
@@ -26,6 +35,7 @@ pub struct FileServer {
     token: Secret,
     shared: Arc<Shared>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop_transfers: tokio::sync::watch::Sender<bool>,
 }
 
 impl FileServer {
@@ -48,6 +58,7 @@ impl FileServer {
                 addr: bind.to_string(),
                 source,
             })?;
+        let (stop_transfers, stopped) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             token: token.clone(),
             files: std::sync::RwLock::new(HashMap::new()),
@@ -56,6 +67,10 @@ impl FileServer {
             .route("/f/{id}", axum::routing::get(serve))
             .with_state(Arc::clone(&shared));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let listener = StoppableListener {
+            inner: listener,
+            stopped,
+        };
         tokio::spawn(async move {
             let _ = axum::serve(listener, app)
                 .with_graceful_shutdown(async {
@@ -68,7 +83,14 @@ impl FileServer {
             token,
             shared,
             stop: Some(tx),
+            stop_transfers,
         })
+    }
+
+    /// Resets every connection, including responses still being sent, and every new one (the
+    /// listener closes when the server is dropped).
+    pub fn stop_transfers(&self) {
+        let _ = self.stop_transfers.send(true);
     }
 
     /// The bound address.
@@ -99,6 +121,7 @@ impl FileServer {
 
 impl Drop for FileServer {
     fn drop(&mut self) {
+        self.stop_transfers();
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -140,5 +163,91 @@ async fn serve(
     match ServeFile::new(path).oneshot(req).await {
         Ok(r) => r.map(Body::new).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The listener of a [`FileServer`]: its connections reset once `stopped` is `true`.
+struct StoppableListener {
+    inner: tokio::net::TcpListener,
+    stopped: tokio::sync::watch::Receiver<bool>,
+}
+
+impl axum::serve::Listener for StoppableListener {
+    type Io = StoppableStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, addr)) => {
+                    let mut rx = self.stopped.clone();
+                    let stopped = Box::pin(async move {
+                        // A dropped sender means the server is gone: stop as well.
+                        let _ = rx.wait_for(|s| *s).await;
+                    });
+                    return (StoppableStream { stream, stopped }, addr);
+                }
+                // Out of file descriptors and the like: wait instead of spinning.
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that fails every read and write, and resets, once its server stopped. The stop
+/// signal wakes the connection's task even while it waits for a full socket buffer to drain.
+struct StoppableStream {
+    stream: tokio::net::TcpStream,
+    stopped: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl StoppableStream {
+    /// `Err` (after arranging a reset on close) once the server stopped.
+    fn check(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
+        if self.stopped.as_mut().poll(cx).is_pending() {
+            return Ok(());
+        }
+        // Closing now sends RST and drops unsent bytes, rather than delivering the buffer.
+        let _ = self.stream.set_zero_linger();
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the file server stopped",
+        ))
+    }
+}
+
+impl AsyncRead for StoppableStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for StoppableStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.check(cx)?;
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.check(cx)?;
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }

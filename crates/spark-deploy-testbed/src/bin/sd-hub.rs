@@ -2,10 +2,13 @@
 //!
 //! ```text
 //! sd-hub serve <ROOT> [--addr 127.0.0.1:0] [--gated owner/name]... [--private owner/name]... [--lfs-redirect]
+//!                     [--rate-limit BYTES_PER_SEC]
 //! ```
 //! The token unlocking gated and private repositories is read from the environment variable `SD_HUB_TOKEN`
 //! (never from argv). Once listening, one line `endpoint=<url>` is printed, followed by one line
-//! `repo=<owner/name> commit=<sha>` per repository; the server runs until killed.
+//! `repo=<owner/name> commit=<sha>` per repository; the server runs until killed. `--rate-limit`
+//! paces every file transfer (so a download takes long enough to interrupt); `GET
+//! <endpoint>/_testbed/requests` returns the request log with the body bytes sent per request.
 //!
 //! ```text
 //! sd-hub fetch --endpoint URL --cache DIR --repo owner/name --revision REV [--include GLOB]...
@@ -24,6 +27,7 @@
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -58,6 +62,9 @@ enum Cmd {
         /// Redirect LFS files with a 302 to a blob URL, as the Hub does.
         #[arg(long)]
         lfs_redirect: bool,
+        /// Pace every file transfer at this many bytes per second.
+        #[arg(long)]
+        rate_limit: Option<NonZeroU64>,
     },
     /// Download a repository into an HF cache with the Hub port (resumable, verified).
     Fetch {
@@ -111,7 +118,18 @@ fn main() -> ExitCode {
             gated,
             private,
             lfs_redirect,
-        } => serve(root, addr, gated, private, lfs_redirect),
+            rate_limit,
+        } => serve(
+            root,
+            addr,
+            gated,
+            private,
+            HubOptions {
+                lfs_redirect,
+                rate_limit,
+                ..HubOptions::default()
+            },
+        ),
         Cmd::Fetch {
             endpoint,
             cache,
@@ -166,12 +184,8 @@ fn serve(
     addr: SocketAddr,
     gated: Vec<String>,
     private: Vec<String>,
-    lfs_redirect: bool,
+    mut opts: HubOptions,
 ) -> ExitCode {
-    let mut opts = HubOptions {
-        lfs_redirect,
-        ..HubOptions::default()
-    };
     if !gated.is_empty() || !private.is_empty() {
         let Ok(token) = std::env::var("SD_HUB_TOKEN") else {
             eprintln!("sd-hub: --gated/--private need the token in env SD_HUB_TOKEN");

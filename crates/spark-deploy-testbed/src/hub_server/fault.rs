@@ -86,7 +86,7 @@ impl From<Fault> for FaultRule {
 }
 
 /// One request the server answered. Never holds the `Authorization` header.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct RequestRecord {
     /// `GET`, `HEAD`, …
     pub method: String,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -220,7 +221,10 @@ async fn serve_file(
         file.disk_path.clone(),
         start,
         len,
-        fault,
+        Pacing {
+            fault,
+            rate_limit: state.rate_limit,
+        },
         sent,
         state.active.clone(),
     );
@@ -244,6 +248,12 @@ fn take_fault(state: &HubState, path: &str) -> Fault {
     Fault::None
 }
 
+/// How a body's bytes are handed over: the fault of this transfer and the rate limit.
+struct Pacing {
+    fault: Fault,
+    rate_limit: Option<std::num::NonZeroU64>,
+}
+
 struct BodyState {
     file: Option<tokio::fs::File>,
     path: std::path::PathBuf,
@@ -251,6 +261,8 @@ struct BodyState {
     left: u64,
     sent: u64,
     fault: Fault,
+    rate_limit: Option<std::num::NonZeroU64>,
+    started: tokio::time::Instant,
     counter: Arc<AtomicU64>,
     active: Option<ActiveGuard>,
 }
@@ -259,7 +271,7 @@ fn body_stream(
     path: std::path::PathBuf,
     start: u64,
     len: u64,
-    fault: Fault,
+    pacing: Pacing,
     counter: Arc<AtomicU64>,
     active: Arc<ActiveTransfers>,
 ) -> Body {
@@ -269,7 +281,9 @@ fn body_stream(
         pos: start,
         left: len,
         sent: 0,
-        fault,
+        fault: pacing.fault,
+        rate_limit: pacing.rate_limit,
+        started: tokio::time::Instant::now(),
         counter,
         active: Some(ActiveGuard::new(active)),
     };
@@ -289,7 +303,7 @@ fn body_stream(
                 if st.sent >= bytes {
                     // Let the bytes already handed over reach the client, then drop the connection
                     // (so "bytes sent" means "bytes delivered" for the tests' accounting).
-                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionAborted,
                         "fault injection: transfer cut",
@@ -305,6 +319,12 @@ fn body_stream(
                     want = want.min(bytes - st.sent);
                 }
             }
+        }
+        if let Some(rate) = st.rate_limit {
+            // Chunks of about 1/8 s, each sent when the bytes before it are due at `rate`.
+            want = want.min((rate.get() / 8).max(1));
+            let due = Duration::from_secs_f64(st.sent as f64 / rate.get() as f64);
+            tokio::time::sleep_until(st.started + due).await;
         }
         let mut buf = vec![0u8; usize::try_from(want).unwrap_or(CHUNK)];
         let Some(f) = st.file.as_mut() else {

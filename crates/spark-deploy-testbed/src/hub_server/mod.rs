@@ -10,8 +10,10 @@
 //! without the right bearer token (their info and file list stay public, as on the Hub). Private
 //! repositories answer `X-Error-Code: RepoNotFound` everywhere without their token.
 //!
-//! A fault switch ([`HubServer::set_fault`]) cuts or stalls transfers, and a request log
-//! ([`HubServer::requests`]) lets tests see which ranges were asked for and how many bytes were sent.
+//! A fault switch ([`HubServer::set_fault`]) cuts or stalls transfers, a rate limit
+//! ([`HubOptions::rate_limit`]) makes every transfer take its time, and a request log
+//! ([`HubServer::requests`], and `GET /_testbed/requests` for a hub in another process) lets tests
+//! see which ranges were asked for and how many bytes were sent.
 //!
 //! The server runs on its own thread and runtime, so it works from sync and async tests alike, and
 //! stops when [`HubServer::stop`] is called or the handle is dropped.
@@ -25,6 +27,7 @@ mod routes;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,6 +71,9 @@ pub struct HubOptions {
     pub private: HashMap<String, String>,
     /// Answer `resolve` of LFS files with a 302 to `/_lfs/…` like the Hub's CDN redirect.
     pub lfs_redirect: bool,
+    /// Bytes per second of every file transfer's body (each transfer paced on its own, so `n`
+    /// parallel transfers move `n` times as much); `None` = as fast as possible.
+    pub rate_limit: Option<NonZeroU64>,
 }
 
 impl std::fmt::Debug for HubOptions {
@@ -76,6 +82,7 @@ impl std::fmt::Debug for HubOptions {
             .field("gated", &self.gated.keys().collect::<Vec<_>>())
             .field("private", &self.private.keys().collect::<Vec<_>>())
             .field("lfs_redirect", &self.lfs_redirect)
+            .field("rate_limit", &self.rate_limit)
             .finish()
     }
 }
@@ -122,6 +129,7 @@ impl HubServer {
             gated: opts.gated,
             private: opts.private,
             lfs_redirect: opts.lfs_redirect,
+            rate_limit: opts.rate_limit,
             base_url: format!("http://{local}"),
             faults: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),

@@ -7,6 +7,7 @@
 //! | `POST /api/models/{owner}/{name}/paths-info/{rev}` | info for named paths |
 //! | `HEAD/GET /{owner}/{name}/resolve/{rev}/{path}` | metadata headers and bytes, ranges |
 //! | `HEAD/GET /_lfs/{owner}/{name}/{sha256}` | redirect target when `lfs_redirect` is on |
+//! | `GET /_testbed/requests` | the request log as JSON (not a Hub endpoint: for tests driving `sd-hub`) |
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
@@ -28,6 +29,7 @@ pub(crate) struct HubState {
     pub(crate) gated: HashMap<String, String>,
     pub(crate) private: HashMap<String, String>,
     pub(crate) lfs_redirect: bool,
+    pub(crate) rate_limit: Option<std::num::NonZeroU64>,
     pub(crate) base_url: String,
     pub(crate) faults: Mutex<Vec<FaultRule>>,
     pub(crate) log: Mutex<Vec<LiveRecord>>,
@@ -61,7 +63,18 @@ pub(crate) fn router(state: Shared) -> Router {
             "/_lfs/{owner}/{name}/{sha}",
             get(files::lfs_blob).head(files::lfs_blob),
         )
+        .route("/_testbed/requests", get(request_log))
         .with_state(state)
+}
+
+/// The request log (as [`super::HubServer::requests`]) for tests that run the hub as `sd-hub`.
+async fn request_log(axum::extract::State(state): axum::extract::State<Shared>) -> Response {
+    let log: Vec<RequestRecord> = state
+        .log
+        .lock()
+        .map(|l| l.iter().map(LiveRecord::snapshot).collect())
+        .unwrap_or_default();
+    axum::Json(log).into_response()
 }
 
 pub(super) fn hub_error(status: StatusCode, code: &str, message: &str) -> Response {

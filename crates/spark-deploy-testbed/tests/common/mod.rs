@@ -141,10 +141,21 @@ pub fn loopback() -> SocketAddr {
 }
 
 pub fn start(tree: &Tree, lfs_redirect: bool) -> HubServer {
+    start_with(
+        tree,
+        HubOptions {
+            lfs_redirect,
+            ..HubOptions::default()
+        },
+    )
+}
+
+/// The hub over `tree` with `opts` plus the tree's gated and private repositories.
+pub fn start_with(tree: &Tree, opts: HubOptions) -> HubServer {
     let opts = HubOptions {
         gated: HashMap::from([(GATED.to_owned(), GATED_TOKEN.to_owned())]),
         private: HashMap::from([(PRIVATE.to_owned(), PRIVATE_TOKEN.to_owned())]),
-        lfs_redirect,
+        ..opts
     };
     HubServer::start(tree.root(), loopback(), opts).unwrap()
 }
