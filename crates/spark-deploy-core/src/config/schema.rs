@@ -1,7 +1,7 @@
 //! The TOML schema of a deployment: plain serde types with the seed deployment's defaults.
 //!
 //! Unknown keys are refused (`deny_unknown_fields`); values are checked by
-//! [`super::validate`]. Secrets are never read from the file: they come from the environment
+//! [`super::validate()`]. Secrets are never read from the file: they come from the environment
 //! (`HF_TOKEN`, `SPARK_DEPLOY_API_KEY`) or from files the config points at.
 
 use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //!
 //! Rank 1 (`tf-dsv41-lanes`) takes positional `MODEL CACHE RANK WORLD MASTER PORT KIT` then
 //! `--key value` pairs; rank 0 (`tensorfold-native serve`) takes its inputs from the environment.
-//! Every value both ranks must agree on (§2.8) is computed once in [`Shared`] and rendered into
+//! Every value both ranks must agree on (§2.8) is computed once in `Shared` and rendered into
 //! both, so the pair cannot drift.
 
 use std::collections::BTreeMap;
