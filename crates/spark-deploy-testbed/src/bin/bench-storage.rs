@@ -2,8 +2,10 @@
 //! one run against `rsync -a --whole-file` over SSH to the worker's fabric address and a local `cp`
 //! onto the worker's disk directory (the testbed's physical limit: the same disk).
 //!
-//! `cargo run --release -p spark-deploy-testbed --bin bench-storage -- [GIB]` (default 2 GiB of the
-//! large test-scale checkpoint's shards). Needs root, Docker and `rsync`.
+//! `cargo run --release -p spark-deploy-testbed --bin bench-storage` (the large test-scale
+//! checkpoint's model files, 2.49 GiB). Ours ships them as the step does, from HF-cache blobs
+//! named by their sha256; rsync and cp copy the same bytes from the plain files. Needs root,
+//! Docker and `rsync`.
 #![allow(clippy::print_stdout)]
 
 use std::net::SocketAddr;
@@ -58,7 +60,37 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     let dest = w.disk_dir.join("bench-ours");
     let server = FileServer::start(SocketAddr::new(info.head_fabric_addr.into(), 0)).await?;
     let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
-    let jobs = expand(&data, &dest)?;
+    // The checkpoint as ConfigureWorkerStorage ships it: from the head's HF cache, where each
+    // file is a blob named by its sha256 (the Hub's LFS oid), so the head does not re-hash it.
+    // The blobs are hard links of the generated files (hashed here, untimed).
+    let blobs = info.state_dir.join("bench-blobs");
+    let _ = std::fs::remove_dir_all(&blobs);
+    std::fs::create_dir_all(&blobs)?;
+    let mut jobs = expand(&data, &dest)?;
+    for j in &mut jobs {
+        use sha2::Digest as _;
+        use std::io::Read as _;
+        let mut h = sha2::Sha256::new();
+        let mut f = std::fs::File::open(&j.from)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        let blob = blobs.join(hex::encode(h.finalize()));
+        if !blob.exists() {
+            std::fs::hard_link(&j.from, &blob)?;
+        }
+        j.from = blob;
+    }
+    sync_fs();
+    let streams: usize = std::env::var("BENCH_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
     let t = Instant::now();
     let stats = pull::transfer(
         &exec,
@@ -66,7 +98,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         &jobs,
         &dest.join(".manifest.tsv"),
         &info.state_dir.join("hashes.tsv"),
-        4,
+        streams,
         &|_, _, _| {},
     )
     .await?;
@@ -178,7 +210,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         again39.bytes_sent,
         t.elapsed().as_secs_f64()
     );
-    for d in [&dest, &rdest, &cdest, &src, &many, &mdest] {
+    for d in [&dest, &rdest, &cdest, &src, &many, &mdest, &blobs] {
         let _ = std::fs::remove_dir_all(d);
     }
     Ok(())
