@@ -4,7 +4,7 @@
 //! (the testbed's worker shares the head's daemon, so only that shipment can create the tag); a
 //! re-run changes nothing; a changed patch file changes the label, rebuilds and re-ships.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use spark_deploy_core::config::validate;
@@ -13,9 +13,11 @@ use spark_deploy_core::layout::NodeLayout;
 use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::ports::docker::DockerNode;
 use spark_deploy_core::run::Context;
-use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions};
+use spark_deploy_testbed::cluster::TestbedInfo;
 
-type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+
+use common::testbed::R;
 
 const CONTENT: &str = "io.spark-deploy.content";
 
@@ -154,17 +156,5 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn testbed_image_is_built_by_content_and_shipped_through_the_workers_ssh() {
-    let opts = TestbedOptions {
-        install_tools: true,
-        ..TestbedOptions::default()
-    };
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    let result = async {
-        let info = cluster::up(&opts).await?;
-        scenario(&info, &home).await
-    }
-    .await;
-    let down = cluster::down(&opts).await;
-    result.unwrap();
-    down.unwrap();
+    common::testbed::on_testbed(|info, home| async move { scenario(&info, &home).await }).await;
 }

@@ -5,7 +5,7 @@
 //! "NFS not available on this host". What is not exercised is printed with the test's output.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use spark_deploy_core::config::{WorkerStorage, validate};
@@ -13,9 +13,11 @@ use spark_deploy_core::event::{Event, Recorder};
 use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::ports::docker::DockerNode;
 use spark_deploy_core::run::Context;
-use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions};
+use spark_deploy_testbed::cluster::TestbedInfo;
 
-type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+
+use common::testbed::R;
 
 const VOLUME: &str = "sd-testbed-nfs-hf";
 
@@ -164,17 +166,5 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn testbed_nfs_mode_creates_the_volume_through_the_workers_docker() {
-    let opts = TestbedOptions {
-        install_tools: true,
-        ..TestbedOptions::default()
-    };
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    let result = async {
-        let info = cluster::up(&opts).await?;
-        scenario(&info, &home).await
-    }
-    .await;
-    let down = cluster::down(&opts).await;
-    result.unwrap();
-    down.unwrap();
+    common::testbed::on_testbed(|info, home| async move { scenario(&info, &home).await }).await;
 }

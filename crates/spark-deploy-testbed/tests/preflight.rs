@@ -24,9 +24,11 @@ use spark_deploy_core::preflight::fixture::{Rail, TESTBED_DIR, write_tree};
 use spark_deploy_core::preflight::report::{CheckResult, PreflightReport, Verdict};
 use spark_deploy_core::run::Context;
 use spark_deploy_core::steps::Preflight;
-use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions};
+use spark_deploy_testbed::cluster::TestbedInfo;
 
-type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+
+use common::testbed::R;
 
 /// Runs Preflight alone on `config`; the table whether it passed or failed.
 async fn preflight(config: &DeploymentConfig, home: &Path) -> R<(bool, PreflightReport)> {
@@ -211,17 +213,5 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn testbed_preflight_catches_each_failure_for_real() {
-    let opts = TestbedOptions {
-        install_tools: true,
-        ..TestbedOptions::default()
-    };
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    let result = async {
-        let info = cluster::up(&opts).await?;
-        scenario(&info, &home).await
-    }
-    .await;
-    let down = cluster::down(&opts).await;
-    result.unwrap();
-    down.unwrap();
+    common::testbed::on_testbed(|info, home| async move { scenario(&info, &home).await }).await;
 }

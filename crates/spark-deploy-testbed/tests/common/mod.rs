@@ -1,6 +1,8 @@
 //! Shared fixtures: a generated repository tree served by the testbed hub.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod testbed;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,31 @@
+//! Running one scenario on the testbed: bring it up (with the tools the tests use), run, and tear
+//! it down whatever happened; the scenario's error is reported after the teardown.
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions};
+
+pub type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Runs `scenario(info, home)` on a fresh testbed, then `cluster::down`; panics with the first
+/// error.
+pub async fn on_testbed<F, Fut>(scenario: F)
+where
+    F: FnOnce(TestbedInfo, PathBuf) -> Fut,
+    Fut: Future<Output = R<()>>,
+{
+    let opts = TestbedOptions {
+        install_tools: true,
+        ..TestbedOptions::default()
+    };
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    let result = async {
+        let info = cluster::up(&opts).await?;
+        scenario(info, home).await
+    }
+    .await;
+    let down = cluster::down(&opts).await;
+    result.unwrap();
+    down.unwrap();
+}
