@@ -6,6 +6,8 @@ mod commands;
 mod events;
 mod exit;
 mod render;
+#[cfg(feature = "testbed")]
+mod standin;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,6 +52,7 @@ enum Command {
     /// Print the deployment's API key (generated on the first `up`).
     ApiKey,
     /// Deploy onto the testbed (two Sparks on this machine) in one command.
+    #[cfg(feature = "testbed")]
     Demo,
     /// Run the whole deployment: preflight, fetch, rank inputs, worker storage, image, launch, smoke.
     Up,
@@ -66,11 +69,16 @@ enum Command {
     /// Build, verify or preview per-rank weight files (TFDSRK01) without a GPU.
     RankCache(commands::rank_cache::RankCacheArgs),
     /// Two Sparks on one machine: bring the testbed up or down.
+    #[cfg(feature = "testbed")]
     #[command(subcommand)]
     Testbed(commands::testbed::TestbedCommand),
 }
 
 fn main() -> ExitCode {
+    #[cfg(feature = "testbed")]
+    if let Some(code) = standin::dispatch() {
+        return code;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -94,6 +102,7 @@ fn main() -> ExitCode {
         Command::Logs(args) => commands::inspect::run_logs(&global, &args),
         Command::Restart => commands::run::run(&global, commands::run::Which::Restart),
         Command::ApiKey => commands::api_key(&global),
+        #[cfg(feature = "testbed")]
         Command::Demo => commands::demo::run(&global),
         Command::Up => commands::run::run(&global, commands::run::Which::Up),
         Command::Down => commands::run::run(&global, commands::run::Which::Down),
@@ -108,6 +117,7 @@ fn main() -> ExitCode {
         ),
         Command::RankCache(args) => commands::rank_cache::run(args)
             .map_err(|e| exit::Failure::new(exit::RUNTIME, e.as_ref(), None)),
+        #[cfg(feature = "testbed")]
         Command::Testbed(cmd) => commands::testbed::run(&global, &cmd),
     };
     match result {

@@ -66,6 +66,22 @@ pub async fn prepare(
     info: &TestbedInfo,
     home: &Path,
 ) -> Result<(HubServer, DeploymentConfig), BoxError> {
+    prepare_with_engine(info, home, None).await
+}
+
+/// [`prepare`] with the stand-in executable given: `standin` is installed as the engine binaries
+/// (a multi-call binary that runs the stand-in when invoked as `tensorfold-native` or
+/// `tf-dsv41-lanes`, such as the `spark-deploy` CLI itself); `None` finds `tf-standin` as
+/// [`crate::engine::prepare`] does.
+///
+/// # Errors
+///
+/// Generation, hub or engine preparation errors.
+pub async fn prepare_with_engine(
+    info: &TestbedInfo,
+    home: &Path,
+    standin: Option<&Path>,
+) -> Result<(HubServer, DeploymentConfig), BoxError> {
     let repos = info.state_dir.join("hub-repos");
     let r = repos.clone();
     tokio::task::spawn_blocking(move || hub_tree(&r, 5)).await??;
@@ -79,7 +95,7 @@ pub async fn prepare(
     config.model.engram_files = vec!["*.safetensors".into()];
     config.model.kit_repo = KIT.into();
     config.model.kit_revision = hub.commit(KIT).ok_or("kit commit")?;
-    crate::engine::prepare(&mut config, home, None).await?;
+    crate::engine::prepare(&mut config, home, standin).await?;
     crate::host_facts::install(&config, home).await?;
     Ok((hub, config))
 }

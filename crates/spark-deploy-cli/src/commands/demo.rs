@@ -27,7 +27,10 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
         render::note("bringing the testbed up (first time: builds its node image from this machine's Debian packages)");
         let info = cluster::up(&opts).await.map_err(|e| Failure::new(RUNTIME, &e, Some("`spark-deploy testbed down` removes a half-built testbed".into())))?;
         render::note("generating the test-scale checkpoint, starting the testbed hub, installing the engine stand-in");
-        let (hub, config) = spark_deploy_testbed::demo::prepare(&info, &home).await.map_err(|e| Failure::new(RUNTIME, e.as_ref(), None))?;
+        // This executable is the engine stand-in too (run under the engine's names), so the
+        // demo needs nothing else built.
+        let exe = std::env::current_exe().map_err(|e| Failure::new(RUNTIME, &e, None))?;
+        let (hub, config) = spark_deploy_testbed::demo::prepare_with_engine(&info, &home, Some(&exe)).await.map_err(|e| Failure::new(RUNTIME, e.as_ref(), None))?;
         let path = info.state_dir.join("spark-deploy.toml");
         let text = toml::to_string_pretty(&config).map_err(|e| Failure::new(CONFIG, &e, None))?;
         std::fs::write(&path, format!("# Written by `spark-deploy demo` for the testbed.\n{text}")).map_err(|e| Failure::new(RUNTIME, &e, None))?;

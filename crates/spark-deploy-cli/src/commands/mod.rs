@@ -1,12 +1,14 @@
 //! One module per command.
 
 pub(crate) mod config;
+#[cfg(feature = "testbed")]
 pub(crate) mod demo;
 pub(crate) mod init;
 pub(crate) mod inspect;
 pub(crate) mod plan;
 pub(crate) mod rank_cache;
 pub(crate) mod run;
+#[cfg(feature = "testbed")]
 pub(crate) mod testbed;
 
 use std::path::{Path, PathBuf};

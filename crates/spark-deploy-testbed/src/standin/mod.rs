@@ -157,6 +157,12 @@ pub fn run(
     }
 }
 
+/// Whether `name` (the base name of `argv[0]`) is one of the engine binaries the stand-in runs as.
+#[must_use]
+pub fn is_engine_name(name: &str) -> bool {
+    RANK0_NAMES.contains(&name) || name == RANK1_NAME
+}
+
 /// Installs `binary` in `engine_dir` under both engine names (`tensorfold-native`,
 /// `tf-dsv41-lanes`): a hard link, or a copy when linking fails (another filesystem). Existing
 /// files of those names are replaced.

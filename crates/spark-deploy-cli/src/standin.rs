@@ -1,0 +1,33 @@
+//! The engine stand-in inside the `spark-deploy` binary (feature `testbed`).
+//!
+//! `spark-deploy demo` installs this very executable in the testbed's engine directory under the
+//! engine's two names, so the README's first command needs nothing else built. Invoked under one
+//! of those names, the binary is the stand-in (dispatch on the base name of `argv[0]`, as a
+//! multi-call binary does) and never parses the `spark-deploy` command line.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use spark_deploy_testbed::standin;
+
+/// Runs the stand-in when `argv[0]` names an engine binary; `None` otherwise.
+pub(crate) fn dispatch() -> Option<ExitCode> {
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let name = Path::new(argv.first()?).file_name()?.to_string_lossy();
+    if !standin::is_engine_name(&name) {
+        return None;
+    }
+    let env = std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    Some(ExitCode::from(standin::run(&argv, &env, &mut out, &mut err)))
+}
