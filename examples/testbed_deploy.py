@@ -11,14 +11,20 @@ from typing import Any
 import spark_deploy
 
 
+def _source(event: dict[str, Any]) -> str:
+    """Who speaks: a plan step's name (``{"step": ...}``), a command or a supervisor."""
+    source: dict[str, str] = event["source"]
+    return next(iter(source.values()), "")
+
+
 def show(event: dict[str, Any]) -> None:
     """Print one line per interesting event."""
     kind = event["event"]
     if kind == "progress":
         total = event.get("bytes_total")
-        print(f"  {event['step']}: {event['label']} {event['bytes_done']}/{total or '?'} bytes")
+        print(f"  {_source(event)}: {event['label']} {event['bytes_done']}/{total or '?'} bytes")
     elif kind in ("started", "skipped", "finished", "failed"):
-        print(f"{event['step']}: {kind} {event.get('message') or event.get('reason') or event.get('error') or ''}")
+        print(f"{_source(event)}: {kind} {event.get('message') or event.get('reason') or event.get('error') or ''}")
 
 
 def main() -> int:

@@ -63,7 +63,7 @@ def test_failed_preflight_raises_with_step_report_and_events_on_the_calling_thre
     kinds = [e["event"] for _, e in seen]
     assert kinds[0] == "started" and kinds[-1] == "failed"
     assert "log" in kinds
-    assert all(e["schema"] == "spark-deploy.event/v1" and e["step"] == "preflight" for _, e in seen)
+    assert all(e["schema"] == "spark-deploy.event/v2" and e["source"] == {"step": "preflight"} for _, e in seen)
     assert any(e["event"] == "log" and e.get("node") == "worker-1" and e["level"] == "error" for _, e in seen)
 
 
@@ -142,7 +142,7 @@ def test_sigint_during_a_long_step_raises_keyboard_interrupt_within_2s(silent_se
     assert elapsed >= 0.4, "the step should still have been waiting on the silent server"
     assert conns, "preflight should have connected to the silent server"
     assert [e["event"] for e in events][:1] == ["started"]
-    assert not any(e["event"] == "started" and e["step"] == "fetch_checkpoint" for e in events)
+    assert not any(e["event"] == "started" and e["source"].get("step") == "fetch_checkpoint" for e in events)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -224,9 +224,9 @@ def test_jupyter_progress_table_renders_steps_with_bytes():
             shown.append(obj)
 
     progress = helpers._JupyterProgress(lambda obj, display_id: (shown.append(obj), Handle())[1], lambda html: html)
-    progress({"event": "started", "step": "fetch_checkpoint", "message": "download"})
-    progress({"event": "progress", "step": "fetch_checkpoint", "label": "model.safetensors", "bytes_done": 512, "bytes_total": 2048, "rate_bps": 1024.0, "eta_s": 1.5})
-    progress({"event": "finished", "step": "fetch_checkpoint", "duration_ms": 2000, "bytes": 2048})
+    progress({"event": "started", "source": {"step": "fetch_checkpoint"}, "message": "download"})
+    progress({"event": "progress", "source": {"step": "fetch_checkpoint"}, "label": "model.safetensors", "bytes_done": 512, "bytes_total": 2048, "rate_bps": 1024.0, "eta_s": 1.5})
+    progress({"event": "finished", "source": {"step": "fetch_checkpoint"}, "duration_ms": 2000, "bytes": 2048})
     assert "<progress value='512' max='2048'" in shown[-1]
     assert "finished" in shown[-1] and "fetch_checkpoint" in shown[-1]
     assert helpers.default_progress() is None  # not in a Jupyter kernel

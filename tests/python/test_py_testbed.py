@@ -60,7 +60,7 @@ def test_deploy_chat_status_logs_stop(testbed):
     progress = {}
     for _, e in events:
         if e["event"] == "progress":
-            progress.setdefault((e["step"], e.get("node"), e["label"]), []).append(e["bytes_done"])
+            progress.setdefault((e["source"].get("step"), e.get("node"), e["label"]), []).append(e["bytes_done"])
     assert progress, "no progress events"
     assert any(len(v) > 1 and v == sorted(v) and v[-1] > v[0] for v in progress.values())
 
@@ -87,7 +87,7 @@ def test_ctrl_c_after_launch_stops_both_ranks_within_15s(testbed):
     fired = []
 
     def on_event(e):
-        if e["event"] == "started" and e["step"] == "smoke" and not fired:
+        if e["event"] == "started" and e["source"].get("step") == "smoke" and not fired:
             fired.append(time.monotonic())
             threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 
@@ -165,7 +165,7 @@ def test_ctrl_c_during_the_copy_to_the_worker_raises_within_2s_and_the_rerun_sen
 
         def on_event(e):
             # Copy progress comes as files land: SIGINT a second after the first one.
-            if e["event"] == "progress" and e["step"] == "configure_worker_storage":
+            if e["event"] == "progress" and e["source"].get("step") == "configure_worker_storage":
                 progress.append(e["bytes_done"])
                 if len(progress) == 1:
                     threading.Timer(1.0, sigint).start()

@@ -95,8 +95,8 @@ impl EventSink for TerminalSink {
             return;
         }
         match &event {
-            Event::Started { step, message } => {
-                self.line(&format!("==> {}: {message}", step.title()))
+            Event::Started { source, message } => {
+                self.line(&format!("==> {}: {message}", source.title()))
             }
             Event::Progress {
                 node,
@@ -127,11 +127,11 @@ impl EventSink for TerminalSink {
                     .map_or_else(String::new, |n| format!("[{n}] "));
                 self.line(&format!("    {who}{tag}{line}"));
             }
-            Event::Skipped { step, reason } => {
-                self.line(&format!("--- {} skipped: {reason}", step.title()))
+            Event::Skipped { source, reason } => {
+                self.line(&format!("--- {} skipped: {reason}", source.title()))
             }
             Event::Finished {
-                step,
+                source,
                 duration_ms,
                 bytes,
             } => {
@@ -139,15 +139,15 @@ impl EventSink for TerminalSink {
                 let b = bytes.map_or_else(String::new, |b| format!(", {}", human_bytes(b)));
                 #[allow(clippy::cast_precision_loss)]
                 let secs = *duration_ms as f64 / 1000.0;
-                self.line(&format!("<== {} done in {secs:.1} s{b}", step.title()));
+                self.line(&format!("<== {} done in {secs:.1} s{b}", source.title()));
             }
             Event::Failed {
-                step,
+                source,
                 error,
                 remedy,
             } => {
                 self.finish_bars();
-                self.line(&format!("!!! {} failed: {error}", step.title()));
+                self.line(&format!("!!! {} failed: {error}", source.title()));
                 if let Some(r) = remedy {
                     self.line(&format!("    remedy: {r}"));
                 }

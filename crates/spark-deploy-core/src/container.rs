@@ -84,3 +84,9 @@ pub mod labels {
     /// The engine commit an image was built for.
     pub const ENGINE_COMMIT: &str = "io.spark-deploy.engine-commit";
 }
+
+/// The container name of `rank` in deployment `name` (`dsv41-rank0`).
+#[must_use]
+pub fn rank_container_name(name: &str, rank: usize) -> String {
+    format!("{name}-rank{rank}")
+}

@@ -1,18 +1,122 @@
-//! The event stream: what steps report instead of printing.
+//! The event stream: what the core reports instead of printing.
 //!
-//! The CLI renders events (progress bars, or JSON lines with `--json`), Python receives them in a
-//! callback. Every event is serialisable as one JSON object carrying [`EVENT_SCHEMA`]. Sinks see
-//! events after [`RedactingSink`] has replaced every known secret by `***`.
+//! Anything may speak through it: a plan step, a command outside a plan (`status`, a benchmark)
+//! or a supervisor. Every event names its [`Source`]. The CLI renders events (progress bars, or
+//! JSON lines with `--json`), Python receives them in a callback. Every event is serialisable as
+//! one JSON object carrying [`EVENT_SCHEMA`]. Sinks see events after [`RedactingSink`] has
+//! replaced every known secret by `***`.
+//!
+//! # Schema `spark-deploy.event/v2` (changes from v1)
+//!
+//! - Every event carries `source` instead of `step`: `{"step": "fetch_checkpoint"}` for a plan
+//!   step, `{"command": "status"}` for a command, `{"supervisor": "watch"}` for a supervisor. A
+//!   v1 consumer reading `event["step"]` reads `event["source"]["step"]` (absent for the other
+//!   sources).
+//! - `started` may come from any source; `finished`, `skipped` and `failed` likewise.
 
 use std::sync::{Arc, Mutex};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::plan::StepKind;
 use crate::secret::Secret;
 
 /// Schema id of serialised events; bumped on any incompatible change.
-pub const EVENT_SCHEMA: &str = "spark-deploy.event/v1";
+pub const EVENT_SCHEMA: &str = "spark-deploy.event/v2";
+
+/// The kinds of plan step, as they appear in events and plan JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// Check every node before anything changes.
+    Preflight,
+    /// Download the checkpoint, Engram shards, kit and overlay into the HF cache.
+    FetchCheckpoint,
+    /// Build every rank's inputs.
+    BuildRankCache,
+    /// Give the workers exactly the bytes their rank needs.
+    ConfigureWorkerStorage,
+    /// Make the same image present on every node.
+    BuildImage,
+    /// Start the ranks, followers first.
+    LaunchRank,
+    /// Wait for readiness and run one real generation.
+    Smoke,
+    /// Stop every rank, rank 0 first, saving logs.
+    Stop,
+}
+
+impl StepKind {
+    /// Every kind, in the standard plan's order (Stop last).
+    pub const ALL: [Self; 8] = [
+        Self::Preflight,
+        Self::FetchCheckpoint,
+        Self::BuildRankCache,
+        Self::ConfigureWorkerStorage,
+        Self::BuildImage,
+        Self::LaunchRank,
+        Self::Smoke,
+        Self::Stop,
+    ];
+
+    /// The step's name as written in docs (`FetchCheckpoint`).
+    #[must_use]
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::Preflight => "Preflight",
+            Self::FetchCheckpoint => "FetchCheckpoint",
+            Self::BuildRankCache => "BuildRankCache",
+            Self::ConfigureWorkerStorage => "ConfigureWorkerStorage",
+            Self::BuildImage => "BuildImage",
+            Self::LaunchRank => "LaunchRank",
+            Self::Smoke => "Smoke",
+            Self::Stop => "Stop",
+        }
+    }
+
+    /// The kind titled `title` (as [`StepKind::title`] writes it), if any.
+    #[must_use]
+    pub fn from_title(title: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.title() == title)
+    }
+}
+
+/// Who an event comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// A step of a plan.
+    Step(StepKind),
+    /// A command outside a plan (`status`, `logs`, a benchmark).
+    Command(String),
+    /// A long-running supervisor (`watch`).
+    Supervisor(String),
+}
+
+impl Source {
+    /// The plan step, when the source is one.
+    #[must_use]
+    pub fn step(&self) -> Option<StepKind> {
+        match self {
+            Self::Step(k) => Some(*k),
+            Self::Command(_) | Self::Supervisor(_) => None,
+        }
+    }
+
+    /// A short name for people: the step's title, the command or the supervisor.
+    #[must_use]
+    pub fn title(&self) -> &str {
+        match self {
+            Self::Step(k) => k.title(),
+            Self::Command(c) | Self::Supervisor(c) => c,
+        }
+    }
+}
+
+impl From<StepKind> for Source {
+    fn from(kind: StepKind) -> Self {
+        Self::Step(kind)
+    }
+}
 
 /// Severity of a log event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -34,15 +138,15 @@ pub enum Level {
 pub enum Event {
     /// A step began.
     Started {
-        /// Step.
-        step: StepKind,
+        /// Who speaks.
+        source: Source,
         /// What it will do.
         message: String,
     },
     /// Bytes moved (download, copy, rank file).
     Progress {
-        /// Step.
-        step: StepKind,
+        /// Who speaks.
+        source: Source,
         /// Node, when node-specific.
         #[serde(skip_serializing_if = "Option::is_none")]
         node: Option<String>,
@@ -62,8 +166,8 @@ pub enum Event {
     },
     /// A log line (engine output, a decision).
     Log {
-        /// Step.
-        step: StepKind,
+        /// Who speaks.
+        source: Source,
         /// Node, when node-specific.
         #[serde(skip_serializing_if = "Option::is_none")]
         node: Option<String>,
@@ -74,15 +178,15 @@ pub enum Event {
     },
     /// A step had nothing to do.
     Skipped {
-        /// Step.
-        step: StepKind,
+        /// Who speaks.
+        source: Source,
         /// Why (e.g. "all 43 files present and verified").
         reason: String,
     },
     /// A step completed.
     Finished {
-        /// Step.
-        step: StepKind,
+        /// Who speaks.
+        source: Source,
         /// Wall time.
         duration_ms: u64,
         /// Bytes moved, when any.
@@ -91,8 +195,8 @@ pub enum Event {
     },
     /// A step failed.
     Failed {
-        /// Step.
-        step: StepKind,
+        /// Who speaks.
+        source: Source,
         /// The error chain.
         error: String,
         /// What to do about it.
@@ -124,39 +228,52 @@ impl Event {
             .unwrap_or_else(|e| format!("{{\"schema\":\"{EVENT_SCHEMA}\",\"event\":\"failed\",\"error\":\"unserialisable event: {e}\"}}"))
     }
 
+    /// Who the event comes from.
+    #[must_use]
+    pub fn source(&self) -> &Source {
+        match self {
+            Self::Started { source, .. }
+            | Self::Progress { source, .. }
+            | Self::Log { source, .. }
+            | Self::Skipped { source, .. }
+            | Self::Finished { source, .. }
+            | Self::Failed { source, .. } => source,
+        }
+    }
+
     fn redact(self, secrets: &[Secret]) -> Self {
         let r = |s: String| secrets.iter().fold(s, |acc, sec| sec.redact_in(&acc));
         match self {
-            Self::Started { step, message } => Self::Started {
-                step,
+            Self::Started { source, message } => Self::Started {
+                source,
                 message: r(message),
             },
             Self::Log {
-                step,
+                source,
                 node,
                 level,
                 line,
             } => Self::Log {
-                step,
+                source,
                 node,
                 level,
                 line: r(line),
             },
-            Self::Skipped { step, reason } => Self::Skipped {
-                step,
+            Self::Skipped { source, reason } => Self::Skipped {
+                source,
                 reason: r(reason),
             },
             Self::Failed {
-                step,
+                source,
                 error,
                 remedy,
             } => Self::Failed {
-                step,
+                source,
                 error: r(error),
                 remedy: remedy.map(r),
             },
             Self::Progress {
-                step,
+                source,
                 node,
                 label,
                 bytes_done,
@@ -164,7 +281,7 @@ impl Event {
                 rate_bps,
                 eta_s,
             } => Self::Progress {
-                step,
+                source,
                 node,
                 label: r(label),
                 bytes_done,
@@ -243,13 +360,13 @@ mod tests {
         let rec = Recorder::default();
         let sink = RedactingSink::new(rec.clone(), [Secret::new("hf_secretvalue")]);
         sink.emit(Event::Log {
-            step: StepKind::FetchCheckpoint,
+            source: StepKind::FetchCheckpoint.into(),
             node: None,
             level: Level::Info,
             line: "Bearer hf_secretvalue".into(),
         });
         sink.emit(Event::Failed {
-            step: StepKind::FetchCheckpoint,
+            source: Source::Command("status".into()),
             error: "401 for hf_secretvalue".into(),
             remedy: Some("x hf_secretvalue".into()),
         });
@@ -260,6 +377,8 @@ mod tests {
         }
         let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(v["event"], "log");
-        assert_eq!(v["step"], "fetch_checkpoint");
+        assert_eq!(v["source"]["step"], "fetch_checkpoint");
+        let v: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+        assert_eq!(v["source"]["command"], "status");
     }
 }

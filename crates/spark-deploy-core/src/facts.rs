@@ -79,6 +79,75 @@ impl DeploymentFacts {
     }
 }
 
+/// A fact a step needs that preflight or fetch has not yet detected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingFact {
+    /// The checkpoint's commit (resolved at fetch).
+    ModelCommit,
+    /// A node's fabric IPv4 (detected at preflight).
+    FabricAddr,
+    /// A node's fabric netdev (detected at preflight).
+    Netdev,
+    /// A node's RoCE devices (detected at preflight).
+    RdmaDevices,
+    /// A node's RoCE v2 GID index (detected at preflight).
+    GidIndex,
+}
+
+impl PendingFact {
+    /// What it is and which step detects it, for people.
+    #[must_use]
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::ModelCommit => "the checkpoint's commit (resolved by FetchCheckpoint)",
+            Self::FabricAddr => "its fabric IPv4 address (detected by Preflight)",
+            Self::Netdev => "its fabric netdev (detected by Preflight)",
+            Self::RdmaDevices => "its RoCE devices (detected by Preflight)",
+            Self::GidIndex => "its RoCE v2 GID index (detected by Preflight)",
+        }
+    }
+}
+
+impl NodeFacts {
+    /// The facts of this node still at their placeholders (compared with the placeholders of
+    /// `node`, never searched for in text).
+    #[must_use]
+    pub fn pending(&self, node: &NodeConfig) -> Vec<PendingFact> {
+        let p = Self::placeholders(node);
+        let mut out = Vec::new();
+        if self.fabric_addr == p.fabric_addr && node.fabric_addr.is_none() {
+            out.push(PendingFact::FabricAddr);
+        }
+        if self.netdev == p.netdev {
+            out.push(PendingFact::Netdev);
+        }
+        if self.rdma_devices.is_some() && self.rdma_devices == p.rdma_devices {
+            out.push(PendingFact::RdmaDevices);
+        }
+        if self.gid_index.is_some() && self.gid_index == p.gid_index {
+            out.push(PendingFact::GidIndex);
+        }
+        out
+    }
+}
+
+impl DeploymentFacts {
+    /// Every fact still pending, with the node it belongs to (the head's name for the commit).
+    #[must_use]
+    pub fn unresolved(&self, config: &ValidatedConfig) -> Vec<(String, PendingFact)> {
+        let c = config.config();
+        let mut out = Vec::new();
+        if !is_commit(&self.model_commit) {
+            out.push((c.nodes[0].name.clone(), PendingFact::ModelCommit));
+        }
+        for (f, n) in self.nodes.iter().zip(&c.nodes) {
+            out.extend(f.pending(n).into_iter().map(|p| (n.name.clone(), p)));
+        }
+        out
+    }
+}
+
 /// Whether `rev` is a full 40-hex commit hash.
 #[must_use]
 pub fn is_commit(rev: &str) -> bool {

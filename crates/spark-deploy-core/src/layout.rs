@@ -1,5 +1,7 @@
 //! Where every input lives on a node, derived from the config in one place.
 
+use std::path::PathBuf;
+
 use serde::Serialize;
 
 use crate::config::{NodeConfig, ValidatedConfig};
@@ -88,4 +90,19 @@ impl NodeLayout {
             repo_folder(repo)
         )
     }
+}
+
+/// The hub cache directory (`<HF_HOME>/hub`) of a cache root as the config names it.
+#[must_use]
+pub fn hub_dir(cache_root: &str) -> PathBuf {
+    PathBuf::from(cache_root).join("hub")
+}
+
+/// The snapshot directory of `repo` at `commit` under a cache root.
+#[must_use]
+pub fn snapshot_dir(cache_root: &str, repo: &str, commit: &str) -> PathBuf {
+    hub_dir(cache_root)
+        .join(repo_folder(repo))
+        .join("snapshots")
+        .join(commit)
 }

@@ -5,12 +5,36 @@
 //! steps (Preflight → FetchCheckpoint → BuildRankCache → ConfigureWorkerStorage → BuildImage →
 //! LaunchRank → Smoke) that can describe themselves without side effects. Effects go through
 //! three ports ([`ports`] for Exec and Docker, [`hub`] for the Hub); progress leaves as
-//! [`event::Event`]s, never as prints. Everything TensorFold-specific lives in [`engine`].
+//! [`event::Event`]s, never as prints. Everything engine-specific lives behind
+//! [`engine::Engine`].
+//!
+//! # Layers
+//!
+//! Bottom to top; a module uses only its own layer and the ones below (checked by
+//! `scripts/check-layers`, which CI runs):
+//!
+//! 0. [`secret`], [`container`], [`event`], [`causes`] — vocabulary every layer may use.
+//! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the engine's data
+//!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
+//!    files (`lifecycle::{lock, api_key, logs}`).
+//! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
+//!    (plan descriptions), `lifecycle::launch_record`.
+//! 3. [`context`] — what a running step may touch: config, ports per node, facts, events,
+//!    cancellation.
+//! 4. [`engine`] — the [`engine::Engine`] trait, its implementations and the registry.
+//! 5. [`steps`] — the typed steps, calling the engine through the trait.
+//! 6. [`plan`] — plans composed of steps.
+//! 7. [`run`] — running a plan: both ranks or neither, the run report.
+//! 8. [`lifecycle`] (status and what acts on running deployments).
+//! 9. [`error`] — the crate-level error.
 
 #![warn(missing_docs)]
 
+pub mod causes;
 pub mod config;
 pub mod container;
+pub mod context;
+pub mod describe;
 pub mod engine;
 pub mod error;
 pub mod event;

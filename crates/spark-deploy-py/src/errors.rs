@@ -7,9 +7,7 @@ use pyo3::prelude::*;
 use spark_deploy_core::config::ConfigError as CoreConfigError;
 use spark_deploy_core::plan::StepKind;
 use spark_deploy_core::run::RunError;
-use spark_deploy_core::steps::{
-    LaunchError as CoreLaunchError, PreflightFailed, SmokeError as CoreSmokeError,
-};
+use spark_deploy_core::steps::PreflightFailed;
 
 create_exception!(
     spark_deploy,
@@ -101,42 +99,14 @@ pub(crate) fn run_error(py: Python<'_>, e: &RunError) -> PyResult<PyErr> {
     value.setattr("error", e.failure.chain())?;
     value.setattr("remedy", e.failure.remedy.clone())?;
     value.setattr("report", crate::plan::report(py, &e.report)?)?;
-    let (node, rank) = node_and_rank(e.failure.source.as_ref());
-    value.setattr("node", node)?;
-    value.setattr("rank", rank)?;
+    value.setattr("node", e.failure.node.clone())?;
+    value.setattr("rank", e.failure.rank)?;
     let checks = match e.failure.source.downcast_ref::<PreflightFailed>() {
         Some(p) => crate::to_py(py, &p.report.results)?,
         None => pyo3::types::PyList::empty(py).into_any(),
     };
     value.setattr("checks", checks)?;
     Ok(err)
-}
-
-/// The node and rank a step error names, when it names one.
-fn node_and_rank(
-    source: &(dyn std::error::Error + Send + Sync + 'static),
-) -> (Option<String>, Option<u64>) {
-    if let Some(e) = source.downcast_ref::<CoreLaunchError>() {
-        return match e {
-            CoreLaunchError::Unresolved { rank, node, .. }
-            | CoreLaunchError::Inputs { rank, node, .. }
-            | CoreLaunchError::Start { rank, node, .. }
-            | CoreLaunchError::Exited { rank, node, .. } => {
-                (Some(node.clone()), Some(u64::from(*rank)))
-            }
-            _ => (None, None),
-        };
-    }
-    if let Some(e) = source.downcast_ref::<CoreSmokeError>() {
-        return match e {
-            CoreSmokeError::RankDied { rank, node, .. }
-            | CoreSmokeError::FollowError { rank, node, .. } => {
-                (Some(node.clone()), u64::try_from(*rank).ok())
-            }
-            _ => (None, None),
-        };
-    }
-    (None, None)
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

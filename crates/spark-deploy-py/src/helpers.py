@@ -3,6 +3,13 @@
 from html import escape
 
 
+def _source_name(source):
+    """An event's source as one name: the plan step, the command or the supervisor."""
+    if isinstance(source, dict) and source:
+        return str(next(iter(source.values())))
+    return ""
+
+
 def _table(header, rows):
     head = "".join(f"<th style='text-align:left'>{escape(h)}</th>" for h in header)
     body = "".join(
@@ -129,7 +136,7 @@ class _JupyterProgress:
     def __call__(self, event):
         import time
 
-        step, kind = event.get("step", ""), event.get("event")
+        step, kind = _source_name(event.get("source")), event.get("event")
         r = self._rows.setdefault(step, {"state": "running"})
         force = kind != "progress"
         if kind == "started":

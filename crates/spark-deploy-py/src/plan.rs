@@ -7,13 +7,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyModule;
 use spark_deploy_core::config::ValidatedConfig;
-use spark_deploy_core::facts::DeploymentFacts;
 use spark_deploy_core::plan::{Plan as CorePlan, Step, StepKind};
 use spark_deploy_core::run::{Context, RunError, RunReport};
-use spark_deploy_core::steps::{
-    BuildImage, BuildRankCache, ConfigureWorkerStorage, FetchCheckpoint, LaunchRank, Preflight,
-    Smoke, Stop,
-};
 
 use crate::Config;
 use crate::errors::{self, SparkDeployError};
@@ -46,17 +41,8 @@ pub(crate) fn report<'py>(py: Python<'py>, r: &RunReport) -> PyResult<Bound<'py,
 }
 
 /// The step kinds by their names (`FetchCheckpoint` or `fetch_checkpoint`).
-fn step_of(name: &str, config: &ValidatedConfig, facts: &DeploymentFacts) -> PyResult<Step> {
-    let kinds = [
-        StepKind::Preflight,
-        StepKind::FetchCheckpoint,
-        StepKind::BuildRankCache,
-        StepKind::ConfigureWorkerStorage,
-        StepKind::BuildImage,
-        StepKind::LaunchRank,
-        StepKind::Smoke,
-        StepKind::Stop,
-    ];
+fn step_of(name: &str, config: &ValidatedConfig) -> PyResult<Step> {
+    let kinds = StepKind::ALL;
     let kind = kinds
         .into_iter()
         .find(|k| k.title() == name || errors::step_name(*k) == name)
@@ -66,18 +52,8 @@ fn step_of(name: &str, config: &ValidatedConfig, facts: &DeploymentFacts) -> PyR
                 kinds.map(StepKind::title).join(", ")
             ))
         })?;
-    Ok(match kind {
-        StepKind::Preflight => Step::Preflight(Preflight::new(config)),
-        StepKind::FetchCheckpoint => Step::FetchCheckpoint(FetchCheckpoint::new(config)),
-        StepKind::BuildRankCache => Step::BuildRankCache(BuildRankCache::new(config)),
-        StepKind::ConfigureWorkerStorage => {
-            Step::ConfigureWorkerStorage(ConfigureWorkerStorage::new(config, facts))
-        }
-        StepKind::BuildImage => Step::BuildImage(BuildImage::new(config)),
-        StepKind::LaunchRank => Step::LaunchRank(LaunchRank::new(config, facts)),
-        StepKind::Smoke => Step::Smoke(Smoke::new(config)),
-        StepKind::Stop => Step::Stop(Stop::new(config)),
-    })
+    let engine = spark_deploy_core::engine::for_config(config);
+    Ok(CorePlan::step(config, engine.as_ref(), kind))
 }
 
 /// Runs `plan`, delivering events to `on_event` on this thread; maps a failure to its exception.
@@ -167,10 +143,9 @@ impl Plan {
     #[staticmethod]
     fn from_steps(config: &Config, steps: Vec<String>) -> PyResult<Self> {
         let v = config.validated()?;
-        let facts = DeploymentFacts::placeholders(&v);
         let steps = steps
             .iter()
-            .map(|s| step_of(s, &v, &facts))
+            .map(|s| step_of(s, &v))
             .collect::<PyResult<Vec<_>>>()?;
         Ok(Self {
             inner: CorePlan::from_steps(&v, steps),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use spark_deploy_core::config::validate;
-use spark_deploy_core::event::{Event, Recorder};
+use spark_deploy_core::event::{Event, Recorder, Source};
 use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::run::Context;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
@@ -26,9 +26,18 @@ fn steps(events: &[Event]) -> Vec<(StepKind, &'static str)> {
     events
         .iter()
         .filter_map(|e| match e {
-            Event::Finished { step, .. } => Some((*step, "ran")),
-            Event::Skipped { step, .. } => Some((*step, "skipped")),
-            Event::Failed { step, .. } => Some((*step, "failed")),
+            Event::Finished {
+                source: Source::Step(step),
+                ..
+            } => Some((*step, "ran")),
+            Event::Skipped {
+                source: Source::Step(step),
+                ..
+            } => Some((*step, "skipped")),
+            Event::Failed {
+                source: Source::Step(step),
+                ..
+            } => Some((*step, "failed")),
             _ => None,
         })
         .collect()
@@ -66,7 +75,7 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
         ev.iter().any(|e| matches!(
             e,
             Event::Progress {
-                step: StepKind::FetchCheckpoint,
+                source: Source::Step(StepKind::FetchCheckpoint),
                 ..
             }
         )),
@@ -281,7 +290,7 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
         .iter()
         .filter_map(|e| match e {
             Event::Log {
-                step: StepKind::ConfigureWorkerStorage,
+                source: Source::Step(StepKind::ConfigureWorkerStorage),
                 line,
                 ..
             } => Some(line.clone()),

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::ConfigError;
 use super::env::OPAQUE_SWITCHES;
 use super::schema::DeploymentConfig;
-use crate::engine::EngineLimits;
+use crate::engine::limits::EngineLimits;
 
 /// One refused field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

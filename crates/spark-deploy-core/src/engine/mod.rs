@@ -1,32 +1,21 @@
-//! Engine profiles: everything engine-specific (argv/env of each rank, per-rank inputs, limits,
-//! readiness) lives behind a profile, so a second engine is a new module, not an edit of every step.
+//! Engine profiles: everything engine-specific lives behind the [`Engine`] trait — each rank's
+//! container (argv, env, mounts, limits, start order), the cross-rank fingerprint, the per-rank
+//! inputs to build, verify and ship, the memory model, the readiness and smoke probes, and the
+//! serving-side signals a supervisor reads. Steps call the trait; a second engine is a new
+//! implementation, not an edit of every step.
+//!
+//! [`registry::for_config`] maps the configuration's profile name to its implementation and is
+//! the only code outside this module's implementations that names one.
 
 pub mod image_context;
+pub mod limits;
+pub mod profile;
+pub mod registry;
 pub mod tensorfold;
 
-use crate::config::EngineProfileName;
-
-/// What an engine accepts; validation refuses the rest before anything runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineLimits {
-    /// Smallest pool (`--context`) worth serving: one 2048-position extent.
-    pub min_pool: u64,
-    /// Largest pool the RoPE tables cover.
-    pub max_pool: u64,
-    /// Largest `--parallel` the kernel kit covers.
-    pub max_parallel: u32,
-    /// Accepted tensor-parallel world sizes (= node counts).
-    pub world_sizes: &'static [usize],
-    /// Pools above this leave too little memory headroom on a 128 GB node; warn.
-    pub memory_warn_context: u64,
-}
-
-impl EngineLimits {
-    /// The limits of `profile`.
-    #[must_use]
-    pub fn of(profile: EngineProfileName) -> Self {
-        match profile {
-            EngineProfileName::TensorfoldDsv41 => tensorfold::LIMITS,
-        }
-    }
-}
+pub use limits::EngineLimits;
+pub use profile::{
+    ApiEndpoint, Engine, FingerprintError, ProbeError, RankMemory, Readiness, ServingSignals,
+    StepPlan,
+};
+pub use registry::for_config;

@@ -5,8 +5,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::container::labels;
-use crate::engine::tensorfold::launch::container_name;
-use crate::run::Context;
+use crate::container::rank_container_name;
+use crate::context::Context;
 
 /// One rank's state.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -43,7 +43,7 @@ pub async fn status(ctx: &Context) -> Status {
     let c = ctx.config().config();
     let mut ranks = Vec::new();
     for (rank, node) in c.nodes.iter().enumerate() {
-        let container = container_name(&c.deployment.name, u32::try_from(rank).unwrap_or(u32::MAX));
+        let container = rank_container_name(&c.deployment.name, rank);
         let (mut state, mut started_at, mut fingerprint) = ("absent".to_owned(), None, None);
         match ctx.docker(rank).await {
             Ok(d) => match d.inspect_container(&container).await {

@@ -6,57 +6,19 @@
 //! touches nothing (no network, no Docker, no worker). Library users compose their own plans from the
 //! same step types.
 
-pub mod describe;
-pub mod render;
+use serde::Serialize;
 
-use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 use crate::config::ValidatedConfig;
+pub use crate::describe::{Action, PlanDescription, StepDescription, render};
+use crate::engine::{self, Engine};
+pub use crate::event::StepKind;
 use crate::facts::DeploymentFacts;
 use crate::steps::{
     BuildImage, BuildRankCache, ConfigureWorkerStorage, FetchCheckpoint, LaunchRank, Preflight,
     Smoke, Stop,
 };
-pub use describe::{Action, PlanDescription, StepDescription};
-
-/// The kinds of step, as they appear in events and plan JSON.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepKind {
-    /// Check every node before anything changes.
-    Preflight,
-    /// Download the checkpoint, Engram shards, kit and overlay into the HF cache.
-    FetchCheckpoint,
-    /// Build every rank's inputs.
-    BuildRankCache,
-    /// Give the workers exactly the bytes their rank needs.
-    ConfigureWorkerStorage,
-    /// Make the same image present on every node.
-    BuildImage,
-    /// Start the ranks, followers first.
-    LaunchRank,
-    /// Wait for readiness and run one real generation.
-    Smoke,
-    /// Stop every rank, rank 0 first, saving logs.
-    Stop,
-}
-
-impl StepKind {
-    /// The step's name as written in docs (`FetchCheckpoint`).
-    #[must_use]
-    pub fn title(self) -> &'static str {
-        match self {
-            Self::Preflight => "Preflight",
-            Self::FetchCheckpoint => "FetchCheckpoint",
-            Self::BuildRankCache => "BuildRankCache",
-            Self::ConfigureWorkerStorage => "ConfigureWorkerStorage",
-            Self::BuildImage => "BuildImage",
-            Self::LaunchRank => "LaunchRank",
-            Self::Smoke => "Smoke",
-            Self::Stop => "Stop",
-        }
-    }
-}
 
 /// One typed step with the data it needs.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -117,10 +79,11 @@ impl Step {
     }
 }
 
-/// An ordered list of steps for one deployment.
+/// An ordered list of steps for one deployment, and the engine they deploy.
 #[derive(Debug, Clone)]
 pub struct Plan {
     config: ValidatedConfig,
+    engine: Arc<dyn Engine>,
     facts: DeploymentFacts,
     steps: Vec<Step>,
 }
@@ -129,26 +92,64 @@ impl Plan {
     /// The standard deployment with placeholders for what preflight and fetch will detect.
     #[must_use]
     pub fn standard(config: &ValidatedConfig) -> Self {
-        Self::standard_with_facts(config, DeploymentFacts::placeholders(config))
+        Self::standard_with_engine(config, engine::for_config(config))
+    }
+
+    /// The standard deployment of `engine` (a profile of one's own, not in the registry).
+    #[must_use]
+    pub fn standard_with_engine(config: &ValidatedConfig, engine: Arc<dyn Engine>) -> Self {
+        let facts = DeploymentFacts::placeholders(config);
+        Self::standard_with_facts(config, engine, facts)
     }
 
     /// The standard deployment for known facts (after preflight and fetch).
     #[must_use]
-    pub fn standard_with_facts(config: &ValidatedConfig, facts: DeploymentFacts) -> Self {
+    pub fn standard_with_facts(
+        config: &ValidatedConfig,
+        engine: Arc<dyn Engine>,
+        facts: DeploymentFacts,
+    ) -> Self {
+        let e = engine.as_ref();
         let steps = vec![
             Step::Preflight(Preflight::new(config).skip_when_running()),
             Step::FetchCheckpoint(FetchCheckpoint::new(config)),
-            Step::BuildRankCache(BuildRankCache::new(config)),
-            Step::ConfigureWorkerStorage(ConfigureWorkerStorage::new(config, &facts)),
-            Step::BuildImage(BuildImage::new(config)),
-            Step::LaunchRank(LaunchRank::new(config, &facts)),
-            Step::Smoke(Smoke::new(config)),
+            Step::BuildRankCache(BuildRankCache::new(e, config)),
+            Step::ConfigureWorkerStorage(ConfigureWorkerStorage::new(e, config, &facts)),
+            Step::BuildImage(BuildImage::new(e, config)),
+            Step::LaunchRank(LaunchRank::new(e, config, &facts)),
+            Step::Smoke(Smoke::new(e, config)),
         ];
         Self {
             config: config.clone(),
+            engine,
             facts,
             steps,
         }
+    }
+
+    /// The step of `kind` for `config` and `engine`, with placeholders for what preflight and
+    /// fetch will detect (Stop included).
+    #[must_use]
+    pub fn step(config: &ValidatedConfig, engine: &dyn Engine, kind: StepKind) -> Step {
+        let facts = DeploymentFacts::placeholders(config);
+        match kind {
+            StepKind::Preflight => Step::Preflight(Preflight::new(config)),
+            StepKind::FetchCheckpoint => Step::FetchCheckpoint(FetchCheckpoint::new(config)),
+            StepKind::BuildRankCache => Step::BuildRankCache(BuildRankCache::new(engine, config)),
+            StepKind::ConfigureWorkerStorage => {
+                Step::ConfigureWorkerStorage(ConfigureWorkerStorage::new(engine, config, &facts))
+            }
+            StepKind::BuildImage => Step::BuildImage(BuildImage::new(engine, config)),
+            StepKind::LaunchRank => Step::LaunchRank(LaunchRank::new(engine, config, &facts)),
+            StepKind::Smoke => Step::Smoke(Smoke::new(engine, config)),
+            StepKind::Stop => Step::Stop(Stop::new(config)),
+        }
+    }
+
+    /// The engine the plan deploys.
+    #[must_use]
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
     }
 
     /// The teardown plan: stop every rank, rank 0 first, saving logs.
@@ -157,6 +158,7 @@ impl Plan {
         let facts = DeploymentFacts::placeholders(config);
         Self {
             config: config.clone(),
+            engine: engine::for_config(config),
             facts,
             steps: vec![Step::Stop(Stop::new(config))],
         }
@@ -177,6 +179,7 @@ impl Plan {
     pub fn from_steps(config: &ValidatedConfig, steps: Vec<Step>) -> Self {
         Self {
             config: config.clone(),
+            engine: engine::for_config(config),
             facts: DeploymentFacts::placeholders(config),
             steps,
         }

@@ -11,65 +11,16 @@
 //! - Cancellation ([`Context::cancel`]) is honoured at every step boundary and inside long steps;
 //!   it counts as a failure for the guarantee above.
 
-mod context;
-
 use std::time::Instant;
 
 use serde::Serialize;
 
-pub use context::{Context, node_target};
+pub use crate::context::{Context, Outcome, StepFailure, node_target};
 
+use crate::engine::Engine;
 use crate::event::Event;
-use crate::plan::{Plan, Step, StepKind};
-
-/// What a step did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// The step did its work.
-    Done {
-        /// Bytes moved, when any.
-        bytes: Option<u64>,
-    },
-    /// Nothing to do.
-    Skipped {
-        /// Why (e.g. "all 43 files present and verified").
-        reason: String,
-    },
-}
-
-/// A step's failure: which step, the error chain, and what to do.
-#[derive(Debug, thiserror::Error)]
-#[error("{step:?} failed: {source}")]
-pub struct StepFailure {
-    /// The step.
-    pub step: StepKind,
-    /// The underlying error.
-    #[source]
-    pub source: Box<dyn std::error::Error + Send + Sync>,
-    /// What the user can do.
-    pub remedy: Option<String>,
-}
-
-impl StepFailure {
-    /// Wraps `source` for `step`.
-    pub fn new(
-        step: StepKind,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-        remedy: Option<String>,
-    ) -> Self {
-        Self {
-            step,
-            source: source.into(),
-            remedy,
-        }
-    }
-
-    /// The error as one string (module errors already carry their sources' text).
-    #[must_use]
-    pub fn chain(&self) -> String {
-        self.source.to_string()
-    }
-}
+use crate::event::StepKind;
+use crate::plan::{Plan, Step};
 
 /// One line of the run report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -113,7 +64,7 @@ fn millis(t: Instant) -> u64 {
     u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-async fn run_step(step: &Step, ctx: &Context) -> Result<Outcome, StepFailure> {
+async fn run_step(step: &Step, ctx: &Context, engine: &dyn Engine) -> Result<Outcome, StepFailure> {
     if ctx.is_cancelled() {
         return Err(StepFailure::new(
             step.kind(),
@@ -124,12 +75,12 @@ async fn run_step(step: &Step, ctx: &Context) -> Result<Outcome, StepFailure> {
     let work = async {
         match step {
             Step::Preflight(s) => s.run(ctx).await,
-            Step::FetchCheckpoint(s) => s.run(ctx).await,
-            Step::BuildRankCache(s) => s.run(ctx).await,
-            Step::ConfigureWorkerStorage(s) => s.run(ctx).await,
-            Step::BuildImage(s) => s.run(ctx).await,
-            Step::LaunchRank(s) => s.run(ctx).await,
-            Step::Smoke(s) => s.run(ctx).await,
+            Step::FetchCheckpoint(s) => s.run(ctx, engine).await,
+            Step::BuildRankCache(s) => s.run(ctx, engine).await,
+            Step::ConfigureWorkerStorage(s) => s.run(ctx, engine).await,
+            Step::BuildImage(s) => s.run(ctx, engine).await,
+            Step::LaunchRank(s) => s.run(ctx, engine).await,
+            Step::Smoke(s) => s.run(ctx, engine).await,
             Step::Stop(s) => s.run(ctx).await,
         }
     };
@@ -180,14 +131,14 @@ impl Plan {
             let kind = step.kind();
             let t = Instant::now();
             ctx.emit(Event::Started {
-                step: kind,
+                source: kind.into(),
                 message: step.describe().summary,
             });
-            match run_step(step, ctx).await {
+            match run_step(step, ctx, self.engine().as_ref()).await {
                 Ok(Outcome::Done { bytes }) => {
                     let duration_ms = millis(t);
                     ctx.emit(Event::Finished {
-                        step: kind,
+                        source: kind.into(),
                         duration_ms,
                         bytes,
                     });
@@ -201,7 +152,7 @@ impl Plan {
                 }
                 Ok(Outcome::Skipped { reason }) => {
                     ctx.emit(Event::Skipped {
-                        step: kind,
+                        source: kind.into(),
                         reason: reason.clone(),
                     });
                     report.steps.push(StepReport {
@@ -214,7 +165,7 @@ impl Plan {
                 }
                 Err(failure) => {
                     ctx.emit(Event::Failed {
-                        step: kind,
+                        source: kind.into(),
                         error: failure.chain(),
                         remedy: failure.remedy.clone(),
                     });

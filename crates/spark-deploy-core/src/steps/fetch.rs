@@ -1,15 +1,16 @@
 use serde::Serialize;
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use crate::config::ValidatedConfig;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::{Action, ActionDetail};
+use crate::engine::Engine;
+use crate::event::StepKind;
 use crate::event::{Event, Level};
 use crate::facts::is_commit;
 use crate::hub::{FetchEvent, FetchProgress, HfToken, Hub, HubConfig};
-use crate::plan::StepKind;
-use crate::plan::describe::{Action, ActionDetail};
-use crate::run::{Context, Outcome, StepFailure};
+use crate::layout::hub_dir;
 
 /// One repository to fetch at a pinned revision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -154,21 +155,6 @@ impl FetchCheckpoint {
     }
 }
 
-/// The hub cache directory (`<HF_HOME>/hub`) of a cache root as the config names it.
-#[must_use]
-pub fn hub_dir(cache_root: &str) -> PathBuf {
-    PathBuf::from(cache_root).join("hub")
-}
-
-/// The snapshot directory of `repo` at `commit` under a cache root.
-#[must_use]
-pub fn snapshot_dir(cache_root: &str, repo: &str, commit: &str) -> PathBuf {
-    hub_dir(cache_root)
-        .join(crate::layout::repo_folder(repo))
-        .join("snapshots")
-        .join(commit)
-}
-
 /// Turns the Hub port's progress into events (throttled per file).
 struct ProgressEvents<'a> {
     ctx: &'a Context,
@@ -198,7 +184,7 @@ impl FetchProgress for ProgressEvents<'_> {
                 }
                 *last = std::time::Instant::now();
                 self.ctx.emit(Event::Progress {
-                    step: StepKind::FetchCheckpoint,
+                    source: StepKind::FetchCheckpoint.into(),
                     node: Some(self.node.clone()),
                     label: file.clone(),
                     bytes_done: *done,
@@ -288,89 +274,12 @@ impl FetchCheckpoint {
         })
     }
 
-    /// When the fetched kit does not publish `vision/gate_bias_vl.safetensors`, reads the
-    /// `*.ffn.gate.bias_vl` tensors of the original model by byte range (shard headers, then only
-    /// those ranges — never whole shards) and writes the head's `bias_vl_file`. The tensor bytes
-    /// read (headers not counted), or `None` when nothing was needed.
-    async fn fetch_bias_vl(
+    /// Fetches every repository at its pinned revision; records the checkpoint's commit.
+    pub(crate) async fn run(
         &self,
         ctx: &Context,
-        endpoint: Option<String>,
-        token: Option<HfToken>,
-    ) -> Result<Option<u64>, Box<dyn std::error::Error + Send + Sync>> {
-        use crate::engine::tensorfold::inputs::bias_vl;
-        let c = ctx.config().config();
-        let out = std::path::PathBuf::from(
-            crate::layout::NodeLayout::of(ctx.config(), &c.nodes[0]).bias_vl_file,
-        );
-        let commit_of = |repo: &str| ctx.facts().commits.get(repo).cloned();
-        let (Some(kit_commit), Some(orig_commit)) = (
-            commit_of(&c.model.kit_repo),
-            commit_of(&c.model.engram_repo),
-        ) else {
-            return Ok(None);
-        };
-        let kit = snapshot_dir(&c.hub.cache, &c.model.kit_repo, &kit_commit)
-            .join("kit/vision/gate_bias_vl.safetensors");
-        if kit.exists() || out.exists() {
-            return Ok(None);
-        }
-        let index_path = snapshot_dir(&c.hub.cache, &c.model.engram_repo, &orig_commit)
-            .join("model.safetensors.index.json");
-        let index: serde_json::Value = serde_json::from_slice(&std::fs::read(&index_path)?)?;
-        let map: std::collections::BTreeMap<String, String> =
-            serde_json::from_value(index["weight_map"].clone())?;
-        let names = bias_vl::bias_names(&map);
-        if names.is_empty() {
-            return Err(format!(
-                "{}: no *.ffn.gate.bias_vl tensor in the index",
-                index_path.display()
-            )
-            .into());
-        }
-        let mut cfg = HubConfig::new(endpoint, hub_dir(&c.hub.cache));
-        cfg.token = token;
-        let hub = Hub::new(cfg)?;
-        let resolved = hub.resolve(&c.model.engram_repo, &orig_commit).await?;
-        let mut by_shard: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
-        for (name, shard) in &names {
-            by_shard
-                .entry(shard.as_str())
-                .or_default()
-                .push(name.as_str());
-        }
-        let mut tensors = Vec::new();
-        let mut read = 0u64;
-        for (shard, wanted) in by_shard {
-            for t in hub.read_tensors(&resolved, shard, &wanted).await? {
-                read += t.data.len() as u64;
-                tensors.push(bias_vl::BiasTensor {
-                    name: t.name,
-                    shape: t.entry.shape,
-                    data: t.data.to_vec(),
-                });
-            }
-        }
-        tensors.sort_by(|a, b| a.name.cmp(&b.name));
-        let report = bias_vl::write_tensors(&tensors, &out)?;
-        ctx.log(
-            StepKind::FetchCheckpoint,
-            Some(&self.node),
-            Level::Info,
-            format!(
-                "the kit has no gate_bias_vl.safetensors: {} bias_vl tensors read by byte range from {} ({} shard(s)), {} bytes, written to {}",
-                report.tensors,
-                c.model.engram_repo,
-                names.iter().map(|(_, s)| s).collect::<std::collections::BTreeSet<_>>().len(),
-                report.bytes,
-                out.display()
-            ),
-        );
-        Ok(Some(read))
-    }
-
-    /// Fetches every repository at its pinned revision; records the checkpoint's commit.
-    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         if self.verify_only {
             return self.check_cache(ctx);
         }
@@ -456,19 +365,9 @@ impl FetchCheckpoint {
             transferred += bytes;
             summaries.push(summary);
         }
-        let bias = self
-            .fetch_bias_vl(ctx, endpoint.clone(), token.clone())
-            .await
-            .map_err(|e| {
-                StepFailure::new(
-                    StepKind::FetchCheckpoint,
-                    e,
-                    Some(format!(
-                        "{} must hold the *.ffn.gate.bias_vl tensors (or the kit must publish vision/gate_bias_vl.safetensors)",
-                        c.model.engram_repo
-                    )),
-                )
-            })?;
+        let bias = engine
+            .fetch_extras(ctx, endpoint.clone(), token.clone())
+            .await?;
         if let Some(b) = bias {
             transferred += b;
             summaries.push(format!("bias_vl: {b} bytes by range"));

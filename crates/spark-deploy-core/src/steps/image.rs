@@ -8,13 +8,14 @@ use serde::Serialize;
 
 use crate::config::ValidatedConfig;
 use crate::container::labels;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::{Action, ActionDetail};
+use crate::engine::Engine;
 use crate::engine::image_context::ImageContext;
+use crate::event::StepKind;
 use crate::event::{Event, Level};
 use crate::layout::NodeLayout;
-use crate::plan::StepKind;
-use crate::plan::describe::{Action, ActionDetail};
 use crate::ports::docker::DockerNode;
-use crate::run::{Context, Outcome, StepFailure};
 use crate::transfer::expand;
 
 /// One node's side of the image step.
@@ -42,14 +43,18 @@ pub struct BuildImage {
     pub patches: Vec<String>,
     /// Head first.
     pub nodes: Vec<ImageNode>,
+    /// The engine's files in each node's engine directory.
+    #[serde(skip)]
+    pub binaries: Vec<String>,
 }
 
 impl BuildImage {
     /// The image step of `config`.
     #[must_use]
-    pub fn new(config: &ValidatedConfig) -> Self {
+    pub fn new(engine: &dyn Engine, config: &ValidatedConfig) -> Self {
         let c = config.config();
         Self {
+            binaries: engine.binaries(),
             base_image: c.engine.base_image.clone(),
             commit: c.engine.commit.clone(),
             patches: c.engine.patches.clone(),
@@ -69,7 +74,7 @@ impl BuildImage {
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
-        let short = &self.commit[..self.commit.len().min(12)];
+        let short: String = self.commit.chars().take(12).collect();
         let actions = self
             .nodes
             .iter()
@@ -92,10 +97,11 @@ impl BuildImage {
                     &n.node,
                     how,
                     ActionDetail::Outputs {
-                        files: vec![
-                            format!("{}/tensorfold-native", n.engine_dir),
-                            format!("{}/tf-dsv41-lanes", n.engine_dir),
-                        ],
+                        files: self
+                            .binaries
+                            .iter()
+                            .map(|b| format!("{}/{b}", n.engine_dir))
+                            .collect(),
                     },
                 )
             })
@@ -122,16 +128,20 @@ async fn content_of(docker: &DockerNode, image: &str) -> Result<Option<String>, 
 impl BuildImage {
     /// Builds (head) and ships (workers) the image when its content label differs, then ships the
     /// engine binaries.
-    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+    pub(crate) async fn run(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         let fail =
             |e: BoxError, remedy: String| StepFailure::new(StepKind::BuildImage, e, Some(remedy));
         let head = &self.nodes[0];
-        for bin in ["tensorfold-native", "tf-dsv41-lanes"] {
+        for bin in &self.binaries {
             if !Path::new(&head.engine_dir).join(bin).is_file() {
                 return Err(fail(
                     format!("{}/{bin} is missing on {}", head.engine_dir, head.node).into(),
                     format!(
-                        "build engine {} (ENGINE-CONTRACT.md §1: `zig build install native ...` in a throwaway container of {}) into {}",
+                        "build engine {} (`zig build install native ...` in a throwaway container of {}, see docs/engine-contract.md) into {}",
                         self.commit, self.base_image, head.engine_dir
                     ),
                 ));
@@ -185,7 +195,7 @@ impl BuildImage {
             }
         }
         // `nfs` mode: the worker's volume is mounted from a container of this image.
-        super::storage::verify_nfs_mounts(ctx)
+        super::storage::verify_nfs_mounts(ctx, engine)
             .await
             .map_err(|e| fail(e, "see the message".into()))?;
         let short = &context.content[..12];
@@ -271,7 +281,7 @@ impl BuildImage {
                 return Ok(chunk);
             }
             progress.emit(Event::Progress {
-                step: StepKind::BuildImage,
+                source: StepKind::BuildImage.into(),
                 node: Some(node.clone()),
                 label: "image".to_owned(),
                 bytes_done: done,

@@ -3,15 +3,12 @@ use serde::Serialize;
 use super::ranks;
 use crate::config::ValidatedConfig;
 use crate::container::{ContainerSpec, labels};
-use crate::engine::tensorfold::fingerprint::{InputIdentity, RankSettings, compare};
-use crate::engine::tensorfold::launch::rank_specs;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::{Action, ActionDetail};
+use crate::engine::{Engine, FingerprintError};
 use crate::event::Level;
+use crate::event::StepKind;
 use crate::facts::DeploymentFacts;
-use crate::layout::NodeLayout;
-use crate::plan::StepKind;
-use crate::plan::describe::{Action, ActionDetail};
-use crate::ports::exec::Cmd;
-use crate::run::{Context, Outcome, StepFailure};
 
 /// Starts every rank through its node's Docker port, followers first, after comparing the
 /// cross-rank fingerprint; both ranks or neither.
@@ -24,9 +21,9 @@ pub struct LaunchRank {
 impl LaunchRank {
     /// The launch of `config` with `facts`.
     #[must_use]
-    pub fn new(config: &ValidatedConfig, facts: &DeploymentFacts) -> Self {
+    pub fn new(engine: &dyn Engine, config: &ValidatedConfig, facts: &DeploymentFacts) -> Self {
         Self {
-            containers: rank_specs(config, facts),
+            containers: engine.rank_containers(config, facts),
         }
     }
 
@@ -52,32 +49,19 @@ impl LaunchRank {
 /// Errors of LaunchRank.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    /// A value only preflight or fetch can know is still a placeholder.
-    #[error(
-        "rank {rank} on {node} still carries a placeholder ({value}); remedy: run the Preflight and FetchCheckpoint steps first (`spark-deploy up` runs them)"
-    )]
+    /// A value only preflight or fetch can know is still unknown.
+    #[error("rank {rank} on {node} still lacks {what}")]
     Unresolved {
         /// Rank.
         rank: u32,
         /// Node.
         node: String,
-        /// The placeholder.
-        value: String,
+        /// What is unknown (e.g. "the head's fabric address (detected at preflight)").
+        what: String,
     },
-    /// The ranks disagree on settings that must match.
-    #[error("the ranks' settings differ, refusing to launch either: {}", .0.iter().map(|m| format!("{} (rank 0: {}, rank {}: {})", m.setting, m.rank0, m.rank, m.other)).collect::<Vec<_>>().join("; "))]
-    Mismatch(Vec<crate::engine::tensorfold::fingerprint::Mismatch>),
-    /// Reading a node's input identities failed.
-    #[error("reading the inputs of rank {rank} on {node}: {source}")]
-    Inputs {
-        /// Rank.
-        rank: u32,
-        /// Node.
-        node: String,
-        /// Underlying error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// The ranks' inputs could not be read, or the ranks disagree.
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
     /// The API key file could not be prepared.
     #[error(transparent)]
     ApiKey(#[from] crate::lifecycle::api_key::ApiKeyError),
@@ -104,133 +88,63 @@ pub enum LaunchError {
     },
 }
 
-const IDENTITY_SCRIPT: &str = r#"kit="$1"; inputs="$2"; engram="$3"; prefix="$4"
-if [ -f "$kit/MANIFEST" ]; then echo "kit $(sha256sum "$kit/MANIFEST" | cut -d' ' -f1)"; else echo "kit missing"; fi
-if [ -f "$inputs/dsv41_token_map.json" ]; then echo "tokenmap $(sha256sum "$inputs/dsv41_token_map.json" | cut -d' ' -f1)"; else echo "tokenmap missing"; fi
-for f in "$inputs/rank-cache/$prefix"*.bin; do [ -f "$f" ] && [ ! -L "$f" ] && echo "rank $(basename "$f")"; done
-for f in "$engram"/*.safetensors; do [ -e "$f" ] && echo "engram $(basename "$f") $(stat -L -c %s "$f")"; done
-true"#;
-
-async fn identity(ctx: &Context, spec: &ContainerSpec) -> Result<InputIdentity, LaunchError> {
-    let err = |e: Box<dyn std::error::Error + Send + Sync>| LaunchError::Inputs {
-        rank: spec.rank,
-        node: spec.node.clone(),
-        source: e,
-    };
-    let i = ranks::node_index(ctx, &spec.node);
-    let c = ctx.config().config();
-    let layout = NodeLayout::of(ctx.config(), &c.nodes[i]);
-    let world = c.nodes.len();
-    let out = ctx
-        .exec(i)
-        .await
-        .map_err(|e| err(Box::new(e)))?
-        .run(&Cmd::shell(IDENTITY_SCRIPT).args([
-            "sh",
-            &layout.kit_dir,
-            &layout.inputs_dir,
-            &layout.engram_dir,
-            &format!("rank{}of{world}-", spec.rank),
-        ]))
-        .await
-        .map_err(|e| err(Box::new(e)))?;
-    let mut id = InputIdentity::default();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let mut w = line.split_whitespace();
-        match (w.next(), w.next(), w.next()) {
-            (Some("kit"), Some(v), _) => id.kit_manifest_sha256 = v.to_owned(),
-            (Some("tokenmap"), Some(v), _) => id.token_map_sha256 = v.to_owned(),
-            (Some("rank"), Some(v), _) => {
-                if !id.rank_file.is_empty() {
-                    return Err(err(format!(
-                        "two rank files for rank {} in {}/rank-cache: {} and {v}",
-                        spec.rank, layout.inputs_dir, id.rank_file
-                    )
-                    .into()));
-                }
-                id.rank_file = v.to_owned();
+impl LaunchError {
+    /// The node and rank the error names, when it names them.
+    fn location(&self) -> (Option<String>, Option<usize>) {
+        match self {
+            Self::Unresolved { rank, node, .. }
+            | Self::Start { rank, node, .. }
+            | Self::Exited { rank, node, .. }
+            | Self::Fingerprint(FingerprintError::Inputs { rank, node, .. }) => {
+                (Some(node.clone()), usize::try_from(*rank).ok())
             }
-            (Some("engram"), Some(n), Some(s)) => {
-                id.engram_files.push((n.to_owned(), s.parse().unwrap_or(0)))
-            }
-            _ => {}
+            Self::Fingerprint(FingerprintError::Mismatch(_)) | Self::ApiKey(_) => (None, None),
         }
     }
-    if id.rank_file.is_empty() {
-        return Err(err(format!(
-            "no rank{}of{world}-*.bin in {}/rank-cache",
-            spec.rank, layout.inputs_dir
-        )
-        .into()));
-    }
-    let docker = ctx.docker(i).await.map_err(|e| err(Box::new(e)))?;
-    let image = docker
-        .inspect_image(&spec.image)
-        .await
-        .map_err(|e| err(Box::new(e)))?
-        .ok_or_else(|| {
-            err(format!("image {} is not present on {}", spec.image, spec.node).into())
-        })?;
-    // Images are the same when their content labels are, whatever their IDs.
-    id.image_content = image
-        .config
-        .and_then(|c| c.labels)
-        .and_then(|l| l.get(crate::container::labels::CONTENT).cloned())
-        .ok_or_else(|| {
-            err(format!(
-                "image {} on {} has no {} label: it was not built by BuildImage (`spark-deploy up` builds and ships it)",
-                spec.image,
-                spec.node,
-                crate::container::labels::CONTENT
-            )
-            .into())
-        })?;
-    Ok(id)
 }
 
 /// The rank specs for the facts learned so far and their cross-rank fingerprint.
-async fn resolve(ctx: &Context) -> Result<(Vec<ContainerSpec>, String), LaunchError> {
-    let specs = rank_specs(ctx.config(), &ctx.facts());
-    for s in &specs {
-        let values = s
-            .argv
+async fn resolve(
+    ctx: &Context,
+    engine: &dyn Engine,
+) -> Result<(Vec<ContainerSpec>, String), LaunchError> {
+    let facts = ctx.facts();
+    if let Some((node, pending)) = facts.unresolved(ctx.config()).into_iter().next() {
+        let what = pending.describe().to_owned();
+        let rank = ctx
+            .config()
+            .config()
+            .nodes
             .iter()
-            .chain(s.env.values())
-            .chain(s.mounts.iter().map(|m| &m.source));
-        if let Some(v) = values
-            .into_iter()
-            .find(|v| v.contains("detected at preflight>") || v.contains("resolved at fetch>"))
-        {
-            return Err(LaunchError::Unresolved {
-                rank: s.rank,
-                node: s.node.clone(),
-                value: v.clone(),
-            });
-        }
+            .position(|n| n.name == node)
+            .and_then(|i| u32::try_from(i).ok())
+            .unwrap_or(0);
+        return Err(LaunchError::Unresolved { rank, node, what });
     }
-    let mut ranks_settings = Vec::new();
-    for s in &specs {
-        let id = identity(ctx, s).await?;
-        ranks_settings.push((s.rank, RankSettings::of(s, &id)));
-    }
-    let fingerprint = compare(&ranks_settings).map_err(LaunchError::Mismatch)?;
+    let specs = engine.rank_containers(ctx.config(), &facts);
+    let fingerprint = engine.fingerprint(ctx, &specs).await?;
     Ok((specs, fingerprint))
 }
 
 impl LaunchRank {
     /// Resolves the specs with the facts learned so far, compares the fingerprint, then starts
     /// the ranks in order (followers first).
-    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+    pub(crate) async fn run(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         let fail = |e: LaunchError| {
-            let remedy = matches!(e, LaunchError::Mismatch(_)).then(|| "rebuild the inputs on both nodes from the same plan (`spark-deploy up` re-runs BuildRankCache and ConfigureWorkerStorage)".to_owned());
-            StepFailure::new(StepKind::LaunchRank, e, remedy)
+            let remedy = matches!(e, LaunchError::Fingerprint(FingerprintError::Mismatch(_))).then(|| "rebuild the inputs on both nodes from the same plan (`spark-deploy up` re-runs BuildRankCache and ConfigureWorkerStorage)".to_owned());
+            let (node, rank) = e.location();
+            StepFailure::new(StepKind::LaunchRank, e, remedy).at(node, rank)
         };
-        let (mut specs, mut fingerprint) = resolve(ctx).await.map_err(fail)?;
+        let (mut specs, mut fingerprint) = resolve(ctx, engine).await.map_err(fail)?;
         // Already running with exactly these settings: nothing to do. Running with other settings
         // (a changed CONTEXT, a rebuilt input) or only partly: stop both, then start both.
         let mut running = Vec::new();
         for s in &specs {
-            let i = ranks::node_index(ctx, &s.node);
+            let i = ctx.node_index(&s.node);
             let d = ctx.docker(i).await.map_err(|e| {
                 fail(LaunchError::Start {
                     rank: s.rank,
@@ -273,7 +187,7 @@ impl LaunchRank {
                 "the ranks must (re)start: running the deferred preflight first",
             );
             super::Preflight::new(ctx.config()).check(ctx).await?;
-            (specs, fingerprint) = resolve(ctx).await.map_err(fail)?;
+            (specs, fingerprint) = resolve(ctx, engine).await.map_err(fail)?;
         }
         if running.iter().any(|(r, _)| *r) {
             ctx.log(StepKind::LaunchRank, None, Level::Warn, "the running ranks differ from the plan (settings or inputs changed): stopping both before starting both");
@@ -309,7 +223,7 @@ impl LaunchRank {
             if s.rank != 0 {
                 // A follower that dies at once (bad argv, missing input) must stop the launch here.
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                let i = ranks::node_index(ctx, &s.node);
+                let i = ctx.node_index(&s.node);
                 let running = match ctx.docker(i).await {
                     Ok(d) => d
                         .inspect_container(&s.name)
@@ -322,7 +236,7 @@ impl LaunchRank {
                     Err(_) => false,
                 };
                 if !running {
-                    let tail = ranks::log_tail(ctx, i, &s.name, 20).await;
+                    let tail = ctx.log_tail(i, &s.name, 20).await;
                     return Err(fail(LaunchError::Exited {
                         rank: s.rank,
                         node: s.node.clone(),
@@ -342,7 +256,7 @@ async fn record_launch(ctx: &Context, specs: &[ContainerSpec], fingerprint: &str
     use crate::lifecycle::launch_record::{self, LaunchRecord, LaunchedRank};
     let mut ranks = Vec::new();
     for s in specs {
-        let i = ranks::node_index(ctx, &s.node);
+        let i = ctx.node_index(&s.node);
         let Ok(d) = ctx.docker(i).await else { return };
         let Some(id) = d
             .inspect_container(&s.name)

@@ -12,11 +12,12 @@ mod smoke;
 mod stop;
 mod storage;
 
-pub use fetch::{CacheProblems, FetchCheckpoint, RepoFetch, hub_dir, snapshot_dir};
+pub use crate::layout::{hub_dir, snapshot_dir};
+pub use fetch::{CacheProblems, FetchCheckpoint, RepoFetch};
 pub use image::BuildImage;
 pub use launch::{LaunchError, LaunchRank};
 pub use preflight::{Preflight, PreflightFailed};
-pub use rank_cache::{BuildRankCache, RankOutput};
+pub use rank_cache::BuildRankCache;
 pub use ranks::RankOpError;
 pub use smoke::{Smoke, SmokeError};
 pub use stop::Stop;

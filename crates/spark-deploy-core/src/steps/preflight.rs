@@ -4,10 +4,11 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::config::ValidatedConfig;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::{Action, ActionDetail};
 use crate::event::Level;
+use crate::event::StepKind;
 use crate::layout::NodeLayout;
-use crate::plan::StepKind;
-use crate::plan::describe::{Action, ActionDetail};
 use crate::ports::exec::{Cmd, Exec};
 use crate::preflight::decide::{
     DiskFacts, DockerProbe, Missing, NodeFacts, PortProbe, RANK_WEIGHT_BYTES, Settings, decide,
@@ -16,7 +17,6 @@ use crate::preflight::decide::{
 use crate::preflight::report::{PreflightReport, Verdict};
 use crate::preflight::roce::{self, Sysfs};
 use crate::preflight::sysfs_dump::{self, SysfsDump};
-use crate::run::{Context, Outcome, StepFailure};
 
 /// Checks every node before anything changes: SSH, Docker, GPU and clocks, memory, disk, fabric,
 /// ports. Runs on all nodes in parallel (head locally, workers through the Exec port).
@@ -254,7 +254,7 @@ async fn gather_docker_gpu(ctx: &Context, d: &crate::ports::docker::DockerNode, 
             })
             .map_err(|e| error_chain(&e)),
     );
-    let own = crate::engine::tensorfold::launch::container_name(&c.deployment.name, f.index as u32);
+    let own = crate::container::rank_container_name(&c.deployment.name, f.index);
     f.own_rank_running = d
         .inspect_container(&own)
         .await
@@ -494,7 +494,7 @@ impl Preflight {
         // A port held by this deployment's own running rank 0 is not a conflict (second `up`).
         let ours = match ctx.docker(0).await {
             Ok(d) => d
-                .inspect_container(&crate::engine::tensorfold::launch::container_name(
+                .inspect_container(&crate::container::rank_container_name(
                     &c.deployment.name,
                     0,
                 ))

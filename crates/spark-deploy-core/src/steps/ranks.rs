@@ -5,13 +5,13 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use crate::container::ContainerSpec;
+use crate::context::Context;
 use crate::event::Level;
+use crate::event::StepKind;
 use crate::lifecycle::logs;
-use crate::plan::StepKind;
 use crate::ports::container_body::create_body;
 use crate::ports::docker::DockerError;
 use crate::ports::exec::{Cmd, ExecError};
-use crate::run::Context;
 
 /// Errors of rank container operations.
 #[derive(Debug, thiserror::Error)]
@@ -41,23 +41,13 @@ pub enum RankOpError {
     },
 }
 
-/// The node index of `name` in the config.
-pub(crate) fn node_index(ctx: &Context, name: &str) -> usize {
-    ctx.config()
-        .config()
-        .nodes
-        .iter()
-        .position(|n| n.name == name)
-        .unwrap_or(0)
-}
-
 /// Creates and starts `spec` on its node, replacing a stopped container of the same name.
 ///
 /// # Errors
 ///
 /// [`RankOpError::Docker`] naming node and container.
 pub(crate) async fn start(ctx: &Context, spec: &ContainerSpec) -> Result<(), RankOpError> {
-    let i = node_index(ctx, &spec.node);
+    let i = ctx.node_index(&spec.node);
     let docker = ctx.docker(i).await?;
     docker.remove_container(&spec.name).await?;
     docker
@@ -66,17 +56,6 @@ pub(crate) async fn start(ctx: &Context, spec: &ContainerSpec) -> Result<(), Ran
     ctx.record_started(i, spec.name.clone());
     docker.start_container(&spec.name).await?;
     Ok(())
-}
-
-/// The last `lines` lines of a container's log, as text.
-pub(crate) async fn log_tail(ctx: &Context, node: usize, container: &str, lines: usize) -> String {
-    match ctx.docker(node).await {
-        Ok(d) => d.logs(container, false, Some(lines)).await.map_or_else(
-            |e| format!("<log unavailable: {e}>"),
-            |b| String::from_utf8_lossy(&b).into_owned(),
-        ),
-        Err(e) => format!("<log unavailable: {e}>"),
-    }
 }
 
 fn gzip(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
@@ -213,10 +192,7 @@ pub(crate) async fn stop_deployment(ctx: &Context) {
     let _ = ctx.take_started();
     let c = ctx.config().config();
     for node in 0..c.nodes.len() {
-        let container = crate::engine::tensorfold::launch::container_name(
-            &c.deployment.name,
-            u32::try_from(node).unwrap_or(u32::MAX),
-        );
+        let container = crate::container::rank_container_name(&c.deployment.name, node);
         stop_for_pair(ctx, node, &container).await;
     }
 }

@@ -2,18 +2,18 @@ use serde::Serialize;
 
 use std::time::{Duration, Instant};
 
-use super::ranks;
 use crate::config::ValidatedConfig;
-use crate::engine::tensorfold::launch::container_name;
+use crate::container::rank_container_name;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::Action;
+use crate::engine::{ApiEndpoint, Engine, ProbeError, Readiness};
 use crate::event::Level;
-use crate::plan::StepKind;
-use crate::plan::describe::{Action, ActionDetail};
-use crate::run::{Context, Outcome, StepFailure};
+use crate::event::StepKind;
 use crate::secret::Secret;
 
 /// Waits for readiness (both containers running, rank 1 loaded, `/v1/models` lists the served
 /// name) and runs one greedy chat completion with thinking off through rank 0.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Smoke {
     /// Head node.
     pub node: String,
@@ -23,86 +23,54 @@ pub struct Smoke {
     pub served_name: String,
     /// Readiness timeout, seconds.
     pub timeout_s: u64,
+    /// The engine's probes, as the plan shows them.
+    #[serde(skip)]
+    pub actions: Vec<Action>,
 }
 
 impl Smoke {
     /// The smoke test of `config`.
     #[must_use]
-    pub fn new(config: &ValidatedConfig) -> Self {
+    pub fn new(engine: &dyn Engine, config: &ValidatedConfig) -> Self {
         let c = config.config();
         let host = if c.serving.host == "0.0.0.0" {
             "127.0.0.1"
         } else {
             c.serving.host.as_str()
         };
-        Self {
+        let mut smoke = Self {
             node: c.nodes[0].name.clone(),
             base_url: format!("http://{host}:{}", c.serving.port),
             served_name: c.model.served_name.clone(),
             timeout_s: c.lifecycle.ready_timeout_s,
-        }
+            actions: Vec::new(),
+        };
+        smoke.actions = engine.plan_smoke(config, &smoke.endpoint(None));
+        smoke
     }
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
-        let actions = vec![
-            Action::with(
-                &self.node,
-                format!(
-                    "wait up to {} s for readiness, stop both ranks if either exits",
-                    self.timeout_s
-                ),
-                ActionDetail::Http {
-                    method: "GET".into(),
-                    url: format!("{}/v1/models", self.base_url),
-                    expect: format!("200 listing {}", self.served_name),
-                },
-            ),
-            Action::with(
-                &self.node,
-                "one greedy chat completion, thinking off",
-                ActionDetail::Http {
-                    method: "POST".into(),
-                    url: format!("{}/v1/chat/completions", self.base_url),
-                    expect: "\"What is 17*23?\" answered with 391".into(),
-                },
-            ),
-        ];
         (
             "prove the pair serves: readiness, then one real generation".to_owned(),
-            actions,
+            self.actions.clone(),
         )
+    }
+
+    fn endpoint(&self, key: Option<Secret>) -> ApiEndpoint {
+        ApiEndpoint {
+            base_url: self.base_url.clone(),
+            served_name: self.served_name.clone(),
+            key,
+        }
     }
 }
 
 /// Errors of Smoke.
 #[derive(Debug, thiserror::Error)]
 pub enum SmokeError {
-    /// A rank's container stopped while waiting.
-    #[error(
-        "rank {rank} ({container} on {node}) is not running (exit code {exit_code:?}); both ranks are being stopped; its log ends with:\n{tail}"
-    )]
-    RankDied {
-        /// Rank.
-        rank: usize,
-        /// Node.
-        node: String,
-        /// Container.
-        container: String,
-        /// Exit code, when known.
-        exit_code: Option<i64>,
-        /// Log tail.
-        tail: String,
-    },
-    /// A follower reported a link error.
-    #[error("rank {rank} on {node} reported a link error: {line}")]
-    FollowError {
-        /// Rank.
-        rank: usize,
-        /// Node.
-        node: String,
-        /// The engine's JSON line.
-        line: String,
-    },
+    /// A probe found the pair broken (a rank exited, a follower's link error, a wrong answer).
+    #[error("{0}; every rank is being stopped")]
+    Probe(#[source] ProbeError),
     /// Readiness did not come in time.
     #[error("not ready after {timeout_s} s: {last}")]
     Timeout {
@@ -114,171 +82,51 @@ pub enum SmokeError {
     /// The API key could not be read.
     #[error(transparent)]
     ApiKey(#[from] crate::lifecycle::api_key::ApiKeyError),
-    /// The generation failed or was not sane.
-    #[error("the smoke generation failed: {0}")]
-    Generation(String),
     /// Cancelled.
     #[error("cancelled while waiting for readiness")]
     Cancelled,
 }
 
-/// One observation of the pair's state.
-enum Probe {
-    Ready,
-    Waiting(String),
-}
-
 impl Smoke {
-    fn client() -> reqwest::Client {
-        reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap_or_default()
-    }
-
-    async fn probe(
+    /// Waits for readiness (the engine's probe, retried while a node's Docker does not answer),
+    /// then runs the engine's generation probe.
+    pub(crate) async fn run(
         &self,
         ctx: &Context,
-        key: &Secret,
-        client: &reqwest::Client,
-    ) -> Result<Probe, SmokeError> {
-        let c = ctx.config().config();
-        let mut rank1_loaded = true;
-        for (rank, node) in c.nodes.iter().enumerate() {
-            let container =
-                container_name(&c.deployment.name, u32::try_from(rank).unwrap_or(u32::MAX));
-            let docker = ctx
-                .docker(rank)
-                .await
-                .map_err(|e| SmokeError::Generation(e.to_string()))?;
-            let state = docker
-                .inspect_container(&container)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|i| i.state);
-            let running = state.as_ref().and_then(|s| s.running).unwrap_or(false);
-            if !running {
-                let tail = ranks::log_tail(ctx, rank, &container, 30).await;
-                return Err(SmokeError::RankDied {
-                    rank,
-                    node: node.name.clone(),
-                    container,
-                    exit_code: state.and_then(|s| s.exit_code),
-                    tail,
-                });
-            }
-            if rank > 0 {
-                let log = ranks::log_tail(ctx, rank, &container, 200).await;
-                for line in log.lines() {
-                    if serde_json::from_str::<serde_json::Value>(line.trim())
-                        .is_ok_and(|v| v.get("follow").is_some())
-                    {
-                        return Err(SmokeError::FollowError {
-                            rank,
-                            node: node.name.clone(),
-                            line: line.trim().to_owned(),
-                        });
-                    }
-                }
-                rank1_loaded &= log.lines().any(|l| {
-                    serde_json::from_str::<serde_json::Value>(l.trim())
-                        .is_ok_and(|v| v.get("loaded_s").is_some())
-                });
-            }
-        }
-        let url = format!("{}/v1/models", self.base_url);
-        match client.get(&url).bearer_auth(key.expose()).send().await {
-            Ok(r) if r.status().is_success() => {
-                let body = r.text().await.unwrap_or_default();
-                if !body.contains(&format!("\"{}\"", self.served_name)) {
-                    Ok(Probe::Waiting(format!(
-                        "/v1/models does not list {} yet",
-                        self.served_name
-                    )))
-                } else if !rank1_loaded {
-                    Ok(Probe::Waiting(
-                        "rank 1 has not printed its loaded line yet".into(),
-                    ))
-                } else {
-                    Ok(Probe::Ready)
-                }
-            }
-            Ok(r) => Ok(Probe::Waiting(format!(
-                "/v1/models answered {}",
-                r.status()
-            ))),
-            Err(e) => Ok(Probe::Waiting(format!(
-                "/v1/models: {}",
-                if e.is_connect() {
-                    "connection refused (still loading)".to_owned()
-                } else {
-                    e.to_string()
-                }
-            ))),
-        }
-    }
-
-    async fn generate(&self, key: &Secret, client: &reqwest::Client) -> Result<String, SmokeError> {
-        let body = serde_json::json!({
-            "model": self.served_name,
-            "messages": [{"role": "user", "content": "What is 17*23? Answer with the number only."}],
-            "max_tokens": 64,
-            "temperature": 0,
-            "chat_template_kwargs": {"enable_thinking": false},
-        });
-        let r = client
-            .post(format!("{}/v1/chat/completions", self.base_url))
-            .bearer_auth(key.expose())
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| SmokeError::Generation(e.to_string()))?;
-        let status = r.status();
-        let text = r
-            .text()
-            .await
-            .map_err(|e| SmokeError::Generation(e.to_string()))?;
-        if !status.is_success() {
-            return Err(SmokeError::Generation(format!(
-                "HTTP {status}: {}",
-                text.chars().take(400).collect::<String>()
-            )));
-        }
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| SmokeError::Generation(format!("not JSON ({e}): {text}")))?;
-        let answer = v["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap_or("")
-            .trim()
-            .to_owned();
-        if answer.is_empty() || !answer.contains("391") {
-            return Err(SmokeError::Generation(format!(
-                "asked for 17*23, got {answer:?}"
-            )));
-        }
-        Ok(answer)
-    }
-
-    /// Waits for readiness (both ranks running, rank 1 loaded, `/v1/models` lists the served
-    /// name), then runs one greedy generation with thinking off.
-    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         let fail = |e: SmokeError| {
-            StepFailure::new(
-                StepKind::Smoke,
-                e,
-                Some("see the rank logs saved by the stop (`spark-deploy logs`)".into()),
-            )
+            let remedy = match &e {
+                SmokeError::Timeout { .. } => {
+                    "raise lifecycle.ready_timeout_s if the ranks were still loading; otherwise read the rank logs (`spark-deploy logs`)"
+                }
+                SmokeError::ApiKey(_) => {
+                    "run `spark-deploy up` again: it writes the API key file before the launch"
+                }
+                SmokeError::Cancelled => "run `spark-deploy up` again when ready",
+                SmokeError::Probe(_) => {
+                    "read the rank logs saved by the stop (`spark-deploy logs`), fix the cause, then `spark-deploy up`"
+                }
+            };
+            let (node, rank) = match &e {
+                SmokeError::Probe(
+                    ProbeError::RankExited { rank, node, .. }
+                    | ProbeError::FollowError { rank, node, .. },
+                ) => (Some(node.clone()), Some(*rank)),
+                _ => (None, None),
+            };
+            StepFailure::new(StepKind::Smoke, e, Some(remedy.into())).at(node, rank)
         };
         let c = ctx.config().config();
         let key = crate::lifecycle::api_key::read(std::path::Path::new(&c.serving.api_key_file))
             .map_err(|e| fail(e.into()))?;
-        let client = Self::client();
-        if ctx.already_running() && matches!(self.probe(ctx, &key, &client).await, Ok(Probe::Ready))
+        let api = self.endpoint(Some(key));
+        if ctx.already_running()
+            && matches!(engine.probe_ready(ctx, &api).await, Ok(Readiness::Ready))
         {
             return Ok(Outcome::Skipped {
                 reason: format!(
-                    "{} already serving on port {}: both ranks run, /v1/models lists it",
+                    "{} already serving on port {}: every rank runs and answers",
                     self.served_name, c.serving.port
                 ),
             });
@@ -289,38 +137,39 @@ impl Smoke {
             if ctx.is_cancelled() {
                 return Err(fail(SmokeError::Cancelled));
             }
-            match self.probe(ctx, &key, &client).await.map_err(fail)? {
-                Probe::Ready => break,
-                Probe::Waiting(why) => {
-                    if start.elapsed() > Duration::from_secs(self.timeout_s) {
-                        return Err(fail(SmokeError::Timeout {
-                            timeout_s: self.timeout_s,
-                            last: why,
-                        }));
-                    }
-                    if last_note.elapsed() > Duration::from_secs(5) {
-                        let latest =
-                            ranks::log_tail(ctx, 0, &container_name(&c.deployment.name, 0), 1)
-                                .await;
-                        ctx.log(
-                            StepKind::Smoke,
-                            Some(&self.node),
-                            Level::Info,
-                            format!("waiting: {why}; rank 0: {}", latest.trim()),
-                        );
-                        last_note = Instant::now();
-                    }
-                }
+            let why = match engine.probe_ready(ctx, &api).await {
+                Ok(Readiness::Ready) => break,
+                Ok(Readiness::Waiting(why)) => why,
+                // Docker not answering says nothing about the ranks: retry, never stop a
+                // healthy pair for it.
+                Err(e) if e.is_transient() => e.to_string(),
+                Err(e) => return Err(fail(SmokeError::Probe(e))),
+            };
+            if start.elapsed() > Duration::from_secs(self.timeout_s) {
+                return Err(fail(SmokeError::Timeout {
+                    timeout_s: self.timeout_s,
+                    last: why,
+                }));
+            }
+            if last_note.elapsed() > Duration::from_secs(5) {
+                let latest = ctx
+                    .log_tail(0, &rank_container_name(&c.deployment.name, 0), 1)
+                    .await;
+                ctx.log(
+                    StepKind::Smoke,
+                    Some(&self.node),
+                    Level::Info,
+                    format!("waiting: {why}; rank 0: {}", latest.trim()),
+                );
+                last_note = Instant::now();
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let answer = self.generate(&key, &client).await.map_err(fail)?;
-        ctx.log(
-            StepKind::Smoke,
-            Some(&self.node),
-            Level::Info,
-            format!("17*23 = {answer}"),
-        );
+        let line = engine
+            .probe_generation(ctx, &api)
+            .await
+            .map_err(|e| fail(SmokeError::Probe(e)))?;
+        ctx.log(StepKind::Smoke, Some(&self.node), Level::Info, line);
         ctx.log(
             StepKind::Smoke,
             Some(&self.node),

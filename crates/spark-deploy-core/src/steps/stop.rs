@@ -2,12 +2,12 @@ use serde::Serialize;
 
 use super::ranks;
 use crate::config::ValidatedConfig;
-use crate::engine::tensorfold::launch::container_name;
+use crate::container::rank_container_name;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::{Action, ActionDetail};
 use crate::event::Level;
+use crate::event::StepKind;
 use crate::layout::NodeLayout;
-use crate::plan::StepKind;
-use crate::plan::describe::{Action, ActionDetail};
-use crate::run::{Context, Outcome, StepFailure};
 
 /// Stops every rank, rank 0 first with a grace period, saving each container's log (gzip, named by
 /// date, time and rank, newest `log_keep` kept) before removing it.
@@ -33,7 +33,7 @@ impl Stop {
             .map(|(r, n)| {
                 (
                     n.name.clone(),
-                    container_name(&c.deployment.name, u32::try_from(r).unwrap_or(u32::MAX)),
+                    rank_container_name(&c.deployment.name, r),
                     NodeLayout::of(config, n).log_dir,
                 )
             })
@@ -77,7 +77,7 @@ impl Stop {
     pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
         let mut stopped = 0;
         for (node, container, log_dir) in &self.ranks {
-            let i = ranks::node_index(ctx, node);
+            let i = ctx.node_index(node);
             match ranks::stop_and_save(ctx, i, container, log_dir, self.log_keep, self.grace_s)
                 .await
             {

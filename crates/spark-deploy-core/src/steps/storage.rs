@@ -3,18 +3,18 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::nfs_volume;
 use crate::config::{ValidatedConfig, WorkerStorage};
-use crate::engine::tensorfold::TOKEN_MAP_FILE;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::{Action, ActionDetail, Transfer};
+use crate::engine::Engine;
+use crate::event::StepKind;
 use crate::event::{Event, Level};
 use crate::facts::DeploymentFacts;
 use crate::layout::{NodeLayout, repo_folder};
-use crate::plan::StepKind;
-use crate::plan::describe::{Action, ActionDetail, Transfer};
 use crate::ports::exec::Cmd;
-use crate::run::{Context, Outcome, StepFailure};
 use crate::transfer::{FileJob, expand, pull, server::FileServer};
 
 /// What one worker receives.
@@ -46,40 +46,16 @@ pub struct ConfigureWorkerStorage {
 impl ConfigureWorkerStorage {
     /// The storage plan of `config`.
     #[must_use]
-    pub fn new(config: &ValidatedConfig, facts: &DeploymentFacts) -> Self {
+    pub fn new(engine: &dyn Engine, config: &ValidatedConfig, facts: &DeploymentFacts) -> Self {
         let c = config.config();
         let head = NodeLayout::of(config, &c.nodes[0]);
-        let world = c.nodes.len();
         let workers = c
             .nodes
             .iter()
             .enumerate()
             .skip(1)
             .map(|(r, node)| {
-                let w = NodeLayout::of(config, node);
-                let mut transfers = Vec::new();
-                if c.deployment.worker_storage == WorkerStorage::Copy {
-                    let snap = format!("hub/{}", repo_folder(&c.model.id));
-                    transfers.push(Transfer {
-                        what: format!("checkpoint snapshot {} (config, tokenizer, index, every shard incl. vision)", facts.model_commit),
-                        from: format!("{}/{snap}", head.hf_cache),
-                        to: format!("{}/{snap}", w.hf_cache),
-                    });
-                }
-                transfers.extend([
-                    Transfer { what: "Engram tables (local disk, never NFS)".into(), from: head.engram_dir.clone(), to: w.engram_dir.clone() },
-                    Transfer { what: "kernel kit (identical bytes)".into(), from: head.kit_dir.clone(), to: w.kit_dir.clone() },
-                    Transfer {
-                        what: format!("rank {r} weight file"),
-                        from: format!("{}/rank-cache/rank{r}of{world}-<hash>.bin", head.inputs_dir),
-                        to: format!("{}/rank-cache/", w.inputs_dir),
-                    },
-                    Transfer {
-                        what: "token map".into(),
-                        from: format!("{}/{TOKEN_MAP_FILE}", head.inputs_dir),
-                        to: format!("{}/{TOKEN_MAP_FILE}", w.inputs_dir),
-                    },
-                ]);
+                let transfers = engine.plan_worker_inputs(config, facts, r);
                 let nfs_volume = (c.deployment.worker_storage == WorkerStorage::Nfs).then(|| {
                     let server = if c.storage.head_nfs_server.is_empty() { facts.nodes[0].fabric_addr.clone() } else { c.storage.head_nfs_server.clone() };
                     let path = if c.storage.nfs_path.is_empty() { head.hf_cache.clone() } else { c.storage.nfs_path.clone() };
@@ -163,7 +139,7 @@ pub(crate) async fn ship(
     let hashes = PathBuf::from(&c.deployment.state_dir).join("transfer-hashes.tsv");
     let progress = |done: u64, total: u64, file: &str| {
         ctx.emit(Event::Progress {
-            step,
+            source: step.into(),
             node: Some(node.clone()),
             label: file.rsplit('/').next().unwrap_or(file).to_owned(),
             bytes_done: done,
@@ -187,24 +163,6 @@ pub(crate) async fn ship(
     }
 }
 
-/// Moves other `rank{R}of{W}-*.bin` files of the worker's rank-cache directory aside, so the
-/// engine's one-file rule holds after a rebuild.
-async fn move_aside_stale(
-    ctx: &Context,
-    index: usize,
-    dir: &str,
-    prefix: &str,
-    keep: &str,
-) -> Result<(), BoxError> {
-    let script = r#"cd "$1" 2>/dev/null || exit 0; for f in "$2"*.bin; do [ -f "$f" ] && [ "$f" != "$3" ] && mkdir -p superseded && mv -f -- "$f" superseded/; done; true"#;
-    ctx.exec(index)
-        .await?
-        .run(&Cmd::shell(script).args(["sh", dir, prefix, keep]))
-        .await?;
-    Ok(())
-}
-
-/// The head's export path and the NFS server of a volume's options.
 fn export_and_server<'a>(
     options: &'a BTreeMap<String, String>,
     cache: &'a str,
@@ -229,7 +187,7 @@ fn volume_spec<'a>(
 ) -> Result<nfs_volume::VolumeSpec<'a>, BoxError> {
     let c = ctx.config().config();
     let facts = ctx.facts();
-    let snap = super::fetch::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
+    let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
     let mut expected: Vec<(String, u64)> = expand(&snap, &snap)?
         .into_iter()
         .filter_map(|j| {
@@ -353,8 +311,8 @@ async fn verify_one(
 /// # Errors
 ///
 /// The first worker whose mount fails or differs.
-pub(crate) async fn verify_nfs_mounts(ctx: &Context) -> Result<(), BoxError> {
-    let plan = ConfigureWorkerStorage::new(ctx.config(), &ctx.facts());
+pub(crate) async fn verify_nfs_mounts(ctx: &Context, engine: &dyn Engine) -> Result<(), BoxError> {
+    let plan = ConfigureWorkerStorage::new(engine, ctx.config(), &ctx.facts());
     for w in &plan.workers {
         if let Some((name, options)) = &w.nfs_volume {
             let spec = volume_spec(ctx, w, name, options)?;
@@ -367,78 +325,28 @@ pub(crate) async fn verify_nfs_mounts(ctx: &Context) -> Result<(), BoxError> {
 
 impl ConfigureWorkerStorage {
     /// Copies the planned files to every worker (and, in `nfs` mode, creates the NFS volume).
-    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+    pub(crate) async fn run(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         let fail = |e: BoxError| {
             StepFailure::new(
                 StepKind::ConfigureWorkerStorage,
                 e,
-                Some("see the message; a re-run resumes partial files".into()),
+                Some("fix what the message names on the head or the worker, then run `spark-deploy up` again: it resumes partial files".into()),
             )
         };
-        let c = ctx.config().config();
-        let facts = ctx.facts();
-        let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
-        let world = c.nodes.len();
         let mut bytes = 0;
         let mut summary = Vec::new();
         for w in &self.workers {
             let i = w.rank as usize;
-            let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
             if let Some((name, options)) = &w.nfs_volume {
                 nfs(ctx, i, w, name, options)
                     .await
                     .map_err(|e| StepFailure::new(StepKind::ConfigureWorkerStorage, e, None))?;
             }
-            let mut jobs = Vec::new();
-            if self.mode == WorkerStorage::Copy {
-                let snap =
-                    super::fetch::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
-                let to = super::fetch::snapshot_dir(&wl.hf_cache, &c.model.id, &facts.model_commit);
-                jobs.extend(expand(&snap, &to).map_err(|e| fail(Box::new(e)))?);
-            }
-            jobs.extend(
-                expand(Path::new(&head.engram_dir), Path::new(&wl.engram_dir))
-                    .map_err(|e| fail(Box::new(e)))?,
-            );
-            jobs.extend(
-                expand(Path::new(&head.kit_dir), Path::new(&wl.kit_dir))
-                    .map_err(|e| fail(Box::new(e)))?,
-            );
-            let tm = crate::engine::tensorfold::TOKEN_MAP_FILE;
-            jobs.extend(
-                expand(
-                    &Path::new(&head.inputs_dir).join(tm),
-                    &Path::new(&wl.inputs_dir).join(tm),
-                )
-                .map_err(|e| fail(Box::new(e)))?,
-            );
-            let prefix = format!("rank{i}of{world}-");
-            let rank_dir = Path::new(&head.inputs_dir).join("rank-cache");
-            let rank_file = std::fs::read_dir(&rank_dir)
-                .map_err(|e| fail(Box::new(e)))?
-                .filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .find(|n| n.starts_with(&prefix) && n.ends_with(".bin"))
-                .ok_or_else(|| {
-                    fail(
-                        format!(
-                            "no {prefix}*.bin in {}: run BuildRankCache first",
-                            rank_dir.display()
-                        )
-                        .into(),
-                    )
-                })?;
-            let worker_rank_dir = format!("{}/rank-cache", wl.inputs_dir);
-            move_aside_stale(ctx, i, &worker_rank_dir, &prefix, &rank_file)
-                .await
-                .map_err(fail)?;
-            jobs.extend(
-                expand(
-                    &rank_dir.join(&rank_file),
-                    &Path::new(&worker_rank_dir).join(&rank_file),
-                )
-                .map_err(|e| fail(Box::new(e)))?,
-            );
+            let jobs = engine.worker_jobs(ctx, i).await.map_err(fail)?;
             let stats = ship(ctx, StepKind::ConfigureWorkerStorage, i, &jobs)
                 .await
                 .map_err(fail)?;

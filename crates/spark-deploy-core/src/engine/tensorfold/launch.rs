@@ -196,7 +196,7 @@ fn hf_mount(config: &ValidatedConfig, rank: u32, hf_cache: &str) -> Mount {
 /// The container name of `rank` in deployment `name`.
 #[must_use]
 pub fn container_name(name: &str, rank: u32) -> String {
-    format!("{name}-rank{rank}")
+    crate::container::rank_container_name(name, rank as usize)
 }
 
 /// Rank 0: `tensorfold-native serve` with its inputs in the environment (§2.4, §2.5, §2.9).

@@ -1,19 +1,22 @@
-//! TensorFold's native Zig `dsv41` engine at TP=2 (ENGINE-CONTRACT.md).
+//! TensorFold's native Zig `dsv41` engine at TP=2 (`docs/engine-contract.md`).
 
+mod bias_fetch;
 pub mod fingerprint;
+mod identity;
 pub mod inputs;
 pub mod launch;
+mod probes;
+mod profile;
+mod rank_inputs;
+mod worker_inputs;
+
+pub use profile::{RANK_WEIGHT_BYTES, RESERVE_BYTES, TensorfoldDsv41};
+pub use rank_inputs::{RankInputs, RankOutput};
 
 use super::EngineLimits;
 
-/// ENGINE-CONTRACT.md §2.5, §2.11, §7, §8.5, §13.5.
-pub const LIMITS: EngineLimits = EngineLimits {
-    min_pool: 2048,
-    max_pool: 1_114_063,
-    max_parallel: 4,
-    world_sizes: &[2],
-    memory_warn_context: 524_288,
-};
+/// The profile's limits.
+pub const LIMITS: EngineLimits = crate::engine::limits::TENSORFOLD_DSV41;
 
 /// Rank 1's binary.
 pub const FOLLOWER_BIN: &str = "/engine/tf-dsv41-lanes";

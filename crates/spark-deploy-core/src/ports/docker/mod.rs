@@ -407,6 +407,23 @@ pub fn file_stream(
     })
 }
 
+/// What [`DockerNode::container_state`] reports of one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerState {
+    /// The container exists.
+    pub exists: bool,
+    /// It is running.
+    pub running: bool,
+    /// Its exit code, once it exited.
+    pub exit_code: Option<i64>,
+    /// How often the daemon restarted it.
+    pub restart_count: Option<i64>,
+    /// Its ID.
+    pub id: Option<String>,
+    /// Its labels.
+    pub labels: std::collections::HashMap<String, String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -217,6 +217,29 @@ impl DockerNode {
         }
     }
 
+    /// The state of container `name`: the one "is it running" query every caller uses. A
+    /// container that does not exist is reported as such (not running, no exit code); a daemon
+    /// that does not answer is an error, never "not running".
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError::Inspect`] for failures other than 404.
+    pub async fn container_state(&self, name: &str) -> Result<super::ContainerState, DockerError> {
+        let info = self.inspect_container(name).await?;
+        let state = info.as_ref().and_then(|c| c.state.as_ref());
+        Ok(super::ContainerState {
+            exists: info.is_some(),
+            running: state.and_then(|s| s.running).unwrap_or(false),
+            exit_code: state.and_then(|s| s.exit_code),
+            restart_count: info.as_ref().and_then(|c| c.restart_count),
+            id: info.as_ref().and_then(|c| c.id.clone()),
+            labels: info
+                .and_then(|c| c.config)
+                .and_then(|c| c.labels)
+                .unwrap_or_default(),
+        })
+    }
+
     /// Inspects a network; `None` when it does not exist.
     ///
     /// # Errors

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::describe::{ActionDetail, PlanDescription};
+use super::{ActionDetail, PlanDescription};
 use crate::container::ContainerSpec;
 
 /// Quotes an argument the way a shell would need it.

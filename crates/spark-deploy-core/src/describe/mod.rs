@@ -4,9 +4,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::StepKind;
+pub mod render;
+
 use crate::config::{ConfigWarning, ValidatedConfig};
 use crate::container::ContainerSpec;
+use crate::event::StepKind;
 use crate::facts::DeploymentFacts;
 use crate::layout::NodeLayout;
 use crate::secret::REDACTED;

@@ -9,12 +9,82 @@ use tokio::sync::{OnceCell, watch};
 
 use crate::config::{NodeConfig, ValidatedConfig};
 use crate::event::{Event, EventSink, Level, RedactingSink};
+use crate::event::{Source, StepKind};
 use crate::facts::DeploymentFacts;
-use crate::plan::StepKind;
-use crate::ports::docker::{DockerError, DockerNode};
+use crate::ports::docker::{ContainerState, DockerError, DockerNode};
 use crate::ports::exec::{Exec, ExecError};
 use crate::ports::{NodeTarget, SshTarget};
 use crate::preflight::report::PreflightReport;
+
+/// What a step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The step did its work.
+    Done {
+        /// Bytes moved, when any.
+        bytes: Option<u64>,
+    },
+    /// Nothing to do.
+    Skipped {
+        /// Why (e.g. "all 43 files present and verified").
+        reason: String,
+    },
+}
+
+/// A step's failure: which step, the error, what to do, and where (node and rank, when the
+/// error names them), as typed fields.
+#[derive(Debug, thiserror::Error)]
+#[error("{} failed", step.title())]
+pub struct StepFailure {
+    /// The step.
+    pub step: StepKind,
+    /// The underlying error.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+    /// What the user can do.
+    pub remedy: Option<String>,
+    /// The node the failure happened on, when known.
+    pub node: Option<String>,
+    /// The rank concerned, when known.
+    pub rank: Option<usize>,
+}
+
+impl StepFailure {
+    /// Wraps `source` for `step`.
+    pub fn new(
+        step: StepKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+        remedy: Option<String>,
+    ) -> Self {
+        Self {
+            step,
+            source: source.into(),
+            remedy,
+            node: None,
+            rank: None,
+        }
+    }
+
+    /// Records where the failure happened.
+    #[must_use]
+    pub fn at(mut self, node: Option<String>, rank: Option<usize>) -> Self {
+        self.node = node;
+        self.rank = rank;
+        self
+    }
+
+    /// The error and its causes as one line, each cause once.
+    #[must_use]
+    pub fn chain(&self) -> String {
+        crate::causes::one_line(self.source.as_ref())
+    }
+
+    /// The error and its causes, top first, each once.
+    #[must_use]
+    pub fn causes(&self) -> Vec<String> {
+        crate::causes::causes(self.source.as_ref())
+    }
+}
 
 /// The node target a config entry describes (`~` already expanded by validation).
 #[must_use]
@@ -99,6 +169,43 @@ impl Context {
         }
     }
 
+    /// The index of the node named `name` (the head's, 0, for an unknown name).
+    #[must_use]
+    pub fn node_index(&self, name: &str) -> usize {
+        self.config
+            .config()
+            .nodes
+            .iter()
+            .position(|n| n.name == name)
+            .unwrap_or(0)
+    }
+
+    /// The state of `container` on node `index` through that node's Docker port.
+    ///
+    /// # Errors
+    ///
+    /// [`DockerError`]: the node's Docker could not be reached or did not answer. That says
+    /// nothing about the container: callers retry rather than conclude it stopped.
+    pub async fn rank_state(
+        &self,
+        index: usize,
+        container: &str,
+    ) -> Result<ContainerState, DockerError> {
+        self.docker(index).await?.container_state(container).await
+    }
+
+    /// The last `lines` lines of `container`'s log on node `index`, as text (a note in angle
+    /// brackets when the log cannot be read).
+    pub async fn log_tail(&self, index: usize, container: &str, lines: usize) -> String {
+        match self.docker(index).await {
+            Ok(d) => d.logs(container, false, Some(lines)).await.map_or_else(
+                |e| format!("<log unavailable: {e}>"),
+                |b| String::from_utf8_lossy(&b).into_owned(),
+            ),
+            Err(e) => format!("<log unavailable: {e}>"),
+        }
+    }
+
     /// The validated config.
     #[must_use]
     pub fn config(&self) -> &ValidatedConfig {
@@ -118,9 +225,15 @@ impl Context {
     }
 
     /// Emits a log line for `step`.
-    pub fn log(&self, step: StepKind, node: Option<&str>, level: Level, line: impl Into<String>) {
+    pub fn log(
+        &self,
+        source: impl Into<Source>,
+        node: Option<&str>,
+        level: Level,
+        line: impl Into<String>,
+    ) {
         self.emit(Event::Log {
-            step,
+            source: source.into(),
             node: node.map(str::to_owned),
             level,
             line: line.into(),

@@ -1,0 +1,179 @@
+//! [`TensorfoldDsv41`]: the [`Engine`] implementation for TensorFold's dsv41 pair.
+
+use async_trait::async_trait;
+
+use super::{
+    FOLLOWER_BIN, SERVER_BIN, bias_fetch, identity, launch, probes, rank_inputs, worker_inputs,
+};
+use crate::config::ValidatedConfig;
+use crate::container::ContainerSpec;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::{Action, ActionDetail, Transfer};
+use crate::engine::{
+    ApiEndpoint, Engine, EngineLimits, FingerprintError, ProbeError, RankMemory, Readiness,
+    ServingSignals, StepPlan,
+};
+use crate::event::StepKind;
+use crate::facts::DeploymentFacts;
+use crate::hub::HfToken;
+use crate::transfer::FileJob;
+
+/// Rank weights the memory budget assumes: a rank file is about 106 GB (98.7 GiB); the engine
+/// counts the file's size, so the file size and not the smaller design figure is used.
+pub const RANK_WEIGHT_BYTES: u64 = 106_000_000_000;
+
+/// Memory kept free on top of weights, arena, KV and RoPE: 4 GiB (the engine's own CUDA floor
+/// is at least that, and it covers the rings and frame buffers the formula leaves out).
+pub const RESERVE_BYTES: u64 = 4 << 30;
+
+/// TensorFold's native Zig `dsv41` engine: rank 0 `tensorfold-native serve` with the API, the
+/// followers `tf-dsv41-lanes`, each reading its own TFDSRK01 rank file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TensorfoldDsv41;
+
+fn binary_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_owned()
+}
+
+#[async_trait]
+impl Engine for TensorfoldDsv41 {
+    fn name(&self) -> &str {
+        "tensorfold-dsv41"
+    }
+
+    fn limits(&self) -> EngineLimits {
+        super::LIMITS
+    }
+
+    fn rank_containers(
+        &self,
+        config: &ValidatedConfig,
+        facts: &DeploymentFacts,
+    ) -> Vec<ContainerSpec> {
+        launch::rank_specs(config, facts)
+    }
+
+    fn binaries(&self) -> Vec<String> {
+        vec![binary_name(SERVER_BIN), binary_name(FOLLOWER_BIN)]
+    }
+
+    fn memory(&self, _config: &ValidatedConfig) -> RankMemory {
+        RankMemory {
+            weights: RANK_WEIGHT_BYTES,
+            reserve: RESERVE_BYTES,
+        }
+    }
+
+    fn plan_inputs(&self, config: &ValidatedConfig) -> StepPlan {
+        let inputs = rank_inputs::RankInputs::new(config);
+        let (summary, actions) = inputs.describe();
+        let data = match serde_json::to_value(&inputs) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        };
+        StepPlan {
+            summary,
+            actions,
+            data,
+        }
+    }
+
+    async fn build_inputs(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        rank_inputs::RankInputs::new(ctx.config()).build(ctx).await
+    }
+
+    fn plan_worker_inputs(
+        &self,
+        config: &ValidatedConfig,
+        facts: &DeploymentFacts,
+        rank: usize,
+    ) -> Vec<Transfer> {
+        worker_inputs::plan(config, facts, rank)
+    }
+
+    async fn worker_jobs(
+        &self,
+        ctx: &Context,
+        rank: usize,
+    ) -> Result<Vec<FileJob>, Box<dyn std::error::Error + Send + Sync>> {
+        worker_inputs::jobs(ctx, rank).await
+    }
+
+    async fn fetch_extras(
+        &self,
+        ctx: &Context,
+        endpoint: Option<String>,
+        token: Option<HfToken>,
+    ) -> Result<Option<u64>, StepFailure> {
+        let c = ctx.config().config();
+        bias_fetch::fetch_bias_vl(ctx, endpoint, token)
+            .await
+            .map_err(|e| {
+                StepFailure::new(
+                    StepKind::FetchCheckpoint,
+                    e,
+                    Some(format!(
+                        "{} must hold the *.ffn.gate.bias_vl tensors (or the kit must publish vision/gate_bias_vl.safetensors)",
+                        c.model.engram_repo
+                    )),
+                )
+            })
+    }
+
+    async fn fingerprint(
+        &self,
+        ctx: &Context,
+        specs: &[ContainerSpec],
+    ) -> Result<String, FingerprintError> {
+        identity::fingerprint(ctx, specs).await
+    }
+
+    fn plan_smoke(&self, config: &ValidatedConfig, api: &ApiEndpoint) -> Vec<Action> {
+        let c = config.config();
+        let head = &c.nodes[0].name;
+        vec![
+            Action::with(
+                head,
+                format!(
+                    "wait up to {} s for readiness, stop both ranks if either exits",
+                    c.lifecycle.ready_timeout_s
+                ),
+                ActionDetail::Http {
+                    method: "GET".into(),
+                    url: format!("{}/v1/models", api.base_url),
+                    expect: format!("200 listing {}", api.served_name),
+                },
+            ),
+            Action::with(
+                head,
+                "one greedy chat completion, thinking off",
+                ActionDetail::Http {
+                    method: "POST".into(),
+                    url: format!("{}/v1/chat/completions", api.base_url),
+                    expect: "\"What is 17*23?\" answered with 391".into(),
+                },
+            ),
+        ]
+    }
+
+    async fn probe_ready(&self, ctx: &Context, api: &ApiEndpoint) -> Result<Readiness, ProbeError> {
+        probes::ready(ctx, api).await
+    }
+
+    async fn probe_generation(
+        &self,
+        _ctx: &Context,
+        api: &ApiEndpoint,
+    ) -> Result<String, ProbeError> {
+        probes::generation(api).await
+    }
+
+    fn serving_signals(&self) -> ServingSignals {
+        ServingSignals {
+            metrics_path: "/metrics",
+            running_requests: "vllm:num_requests_running",
+            generated_tokens: "vllm:generation_tokens_total",
+            health_path: "/health",
+        }
+    }
+}

@@ -1,0 +1,319 @@
+use serde::Serialize;
+
+use std::path::{Path, PathBuf};
+
+use super::TOKEN_MAP_FILE;
+use super::inputs::rank_cache::{
+    ExistingRankFile, RankCacheOptions, VerifyLevel, build_rank_cache, plan_rank_cache,
+    verify_rank_cache,
+};
+use super::inputs::{bias_vl, kit, model_config::ModelConfig, rope, token_map};
+use crate::config::ValidatedConfig;
+use crate::context::{Context, Outcome, StepFailure};
+use crate::describe::{Action, ActionDetail};
+use crate::event::StepKind;
+use crate::event::{Event, Level};
+use crate::layout::NodeLayout;
+use crate::layout::snapshot_dir;
+
+/// One rank's weight file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RankOutput {
+    /// Rank.
+    pub rank: u32,
+    /// Node that serves it.
+    pub node: String,
+    /// Directory on the head the file is written to.
+    pub dir: String,
+    /// File name pattern (`rank{R}of{W}-<hash>.bin`).
+    pub file: String,
+}
+
+/// Every rank's inputs built on the head: rank weight files (TFDSRK01), the token map, RoPE
+/// tables and the image routing bias, and the kit verified against its MANIFEST.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RankInputs {
+    /// Node that builds (the head).
+    pub node: String,
+    /// Head directory holding `rank-cache/` and the token map.
+    pub inputs_dir: String,
+    /// Kit directory on the head.
+    pub kit_dir: String,
+    /// One entry per rank.
+    pub ranks: Vec<RankOutput>,
+}
+
+impl RankInputs {
+    /// The inputs of `config`.
+    #[must_use]
+    pub fn new(config: &ValidatedConfig) -> Self {
+        let c = config.config();
+        let head = NodeLayout::of(config, &c.nodes[0]);
+        let world = c.nodes.len();
+        let ranks = c
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(r, n)| RankOutput {
+                rank: u32::try_from(r).unwrap_or(u32::MAX),
+                node: n.name.clone(),
+                dir: format!("{}/rank-cache", head.inputs_dir),
+                file: format!("rank{r}of{world}-<first 20 hex of sha256 of its index, computed from the checkpoint headers>.bin"),
+            })
+            .collect();
+        Self {
+            node: c.nodes[0].name.clone(),
+            inputs_dir: head.inputs_dir,
+            kit_dir: head.kit_dir,
+            ranks,
+        }
+    }
+
+    pub(crate) fn describe(&self) -> (String, Vec<Action>) {
+        let mut actions: Vec<Action> = self
+            .ranks
+            .iter()
+            .map(|r| {
+                Action::with(
+                    &self.node,
+                    format!(
+                        "rank {} weight file for {} (skipped when verify passes)",
+                        r.rank, r.node
+                    ),
+                    ActionDetail::Outputs {
+                        files: vec![format!("{}/{}", r.dir, r.file)],
+                    },
+                )
+            })
+            .collect();
+        actions.push(Action::with(
+            &self.node,
+            "token map from tokenizer.json (distinct ids = engram_compressed_vocab_size)",
+            ActionDetail::Outputs {
+                files: vec![format!("{}/{TOKEN_MAP_FILE}", self.inputs_dir)],
+            },
+        ));
+        actions.push(Action::with(
+            &self.node,
+            "RoPE tables and image routing bias, then the kit against its MANIFEST",
+            ActionDetail::Outputs {
+                files: [
+                    "rope-plain-cos.f32",
+                    "rope-plain-sin.f32",
+                    "rope-compressed-cos.f32",
+                    "rope-compressed-sin.f32",
+                    "vision/gate_bias_vl.safetensors",
+                    "MANIFEST (sha256 of every entry)",
+                ]
+                .iter()
+                .map(|f| format!("{}/{f}", self.kit_dir))
+                .collect(),
+            },
+        ));
+        (
+            "build and verify every rank's inputs on the head".to_owned(),
+            actions,
+        )
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Links (or, across file systems, copies) every regular file below `from` into `to`, following
+/// symlinks (HF snapshots are symlinks into `blobs/`): the engine ignores symlinks and a container
+/// cannot follow links out of its mount.
+fn link_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
+    let mut n = 0;
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if std::fs::metadata(&src)?.is_dir() {
+            n += link_tree(&src, &dst)?;
+        } else if !dst.exists() {
+            let real = std::fs::canonicalize(&src)?;
+            if std::fs::hard_link(&real, &dst).is_err() {
+                let tmp = dst.with_extension("partial");
+                std::fs::copy(&real, &tmp)?;
+                std::fs::rename(&tmp, &dst)?;
+            }
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+impl RankInputs {
+    /// Builds (or verifies and skips) every rank's file, the token map, the kit and the Engram
+    /// directory on the head.
+    pub(crate) async fn build(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+        let fail = |e: BoxError, remedy: &str| {
+            StepFailure::new(StepKind::BuildRankCache, e, Some(remedy.to_owned()))
+        };
+        let c = ctx.config().config();
+        let facts = ctx.facts();
+        if !crate::facts::is_commit(&facts.model_commit) {
+            return Err(fail(
+                "the checkpoint's commit is unknown".into(),
+                "run FetchCheckpoint first (`spark-deploy up` runs it)",
+            ));
+        }
+        let model_dir = snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
+        let commit_of = |repo: &str, rev: &str| {
+            facts
+                .commits
+                .get(repo)
+                .cloned()
+                .unwrap_or_else(|| rev.to_owned())
+        };
+        let original = snapshot_dir(
+            &c.hub.cache,
+            &c.model.engram_repo,
+            &commit_of(&c.model.engram_repo, &c.model.engram_revision),
+        );
+        let kit_src = snapshot_dir(
+            &c.hub.cache,
+            &c.model.kit_repo,
+            &commit_of(&c.model.kit_repo, &c.model.kit_revision),
+        )
+        .join("kit");
+        let layout = crate::layout::NodeLayout::of(ctx.config(), &c.nodes[0]);
+        let fetched_bias = std::path::PathBuf::from(&layout.bias_vl_file);
+        let world = self.ranks.len();
+        let testbed = c.deployment.testbed;
+        let label = format!("{}@{}", c.model.id, facts.model_commit);
+        let inputs = PathBuf::from(&self.inputs_dir);
+        let kit_dir = PathBuf::from(&self.kit_dir);
+        let engram_dir = PathBuf::from(&layout.engram_dir);
+        let node = self.node.clone();
+        let sink_ctx: &Context = ctx;
+        // Everything below is blocking file work: run it off the async threads, reporting progress.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+        let work = tokio::task::spawn_blocking(
+            move || -> Result<(u64, Vec<String>), (BoxError, &'static str)> {
+                let mut built = 0u64;
+                let mut notes = Vec::new();
+                let opts = RankCacheOptions {
+                    engine_shape_guard: !testbed,
+                    existing: ExistingRankFile::MoveAside,
+                    source_label: Some(label),
+                    ..RankCacheOptions::default()
+                };
+                let out = inputs.join("rank-cache");
+                for rank in 0..world {
+                    let plan = plan_rank_cache(&model_dir, rank, world, &opts).map_err(|e| {
+                        (
+                            Box::new(e) as BoxError,
+                            "the checkpoint does not match the split plan",
+                        )
+                    })?;
+                    let mut quiet = |_: &_| Ok(());
+                    if verify_rank_cache(&plan, &out, VerifyLevel::Index, &opts, &mut quiet).is_ok()
+                    {
+                        notes.push(format!("rank {rank}: {} verified", plan.file_name));
+                        continue;
+                    }
+                    let tx2 = tx.clone();
+                    let mut progress = |p: &super::inputs::rank_cache::RankCacheProgress| {
+                        let _ = tx2.send(Event::Progress {
+                            source: StepKind::BuildRankCache.into(),
+                            node: Some(node.clone()),
+                            label: format!("rank{}of{world}", p.rank),
+                            bytes_done: p.bytes_done,
+                            bytes_total: Some(p.bytes_total),
+                            rate_bps: None,
+                            eta_s: None,
+                        });
+                        Ok(())
+                    };
+                    let file = build_rank_cache(&plan, &out, &opts, &mut progress).map_err(|e| (Box::new(e) as BoxError, "see the message; a partial file is never left under its final name"))?;
+                    built += plan.file_len();
+                    notes.push(format!("rank {rank}: built {}", file.display()));
+                }
+                let tm = inputs.join(TOKEN_MAP_FILE);
+                if !tm.exists() {
+                    let m = token_map::write_token_map(&model_dir, &tm).map_err(|e| {
+                        (
+                            Box::new(e) as BoxError,
+                            "the tokenizer must yield engram_compressed_vocab_size distinct ids",
+                        )
+                    })?;
+                    notes.push(format!(
+                        "token map: {} ids",
+                        m.to_json().matches(',').count() + 1
+                    ));
+                }
+                // The kit: the published files (hard-linked), generated RoPE tables and bias when missing,
+                // then every MANIFEST entry checked.
+                if kit_src.is_dir() {
+                    link_tree(&kit_src, &kit_dir)
+                        .map_err(|e| (Box::new(e) as BoxError, "the kit must be readable"))?;
+                }
+                if !kit_dir.join("rope-plain-cos.f32").exists() {
+                    let cfg = ModelConfig::read(&model_dir)
+                        .map_err(|e| (Box::new(e) as BoxError, "config.json must parse"))?;
+                    rope::write_rope_tables(&cfg, &kit_dir, None).map_err(|e| {
+                        (
+                            Box::new(e) as BoxError,
+                            "download the kit's published RoPE tables",
+                        )
+                    })?;
+                }
+                let bias = kit_dir.join("vision/gate_bias_vl.safetensors");
+                if !bias.exists() && fetched_bias.exists() {
+                    // Read by byte range from the Hub at fetch (the kit does not publish it).
+                    std::fs::create_dir_all(kit_dir.join("vision"))
+                        .and_then(|()| std::fs::copy(&fetched_bias, &bias).map(|_| ()))
+                        .map_err(|e| (Box::new(e) as BoxError, "the kit dir must be writable"))?;
+                }
+                if !bias.exists() {
+                    bias_vl::write_bias_vl(&original, &bias).map_err(|e| {
+                        (
+                            Box::new(e) as BoxError,
+                            "download the kit's gate_bias_vl.safetensors",
+                        )
+                    })?;
+                }
+                let files = kit::verify_kit(&kit_dir).map_err(|e| {
+                    (
+                        Box::new(e) as BoxError,
+                        "download the kit again (its files must match MANIFEST)",
+                    )
+                })?;
+                notes.push(format!("kit OK: {files} files match MANIFEST"));
+                let linked = link_tree(&original, &engram_dir).map_err(|e| {
+                    (
+                        Box::new(e) as BoxError,
+                        "the Engram shards must be on the head's local disk",
+                    )
+                })?;
+                if linked > 0 {
+                    notes.push(format!("Engram tables: {linked} files linked"));
+                }
+                drop(tx);
+                Ok((built, notes))
+            },
+        );
+        while let Some(ev) = rx.recv().await {
+            sink_ctx.emit(ev);
+        }
+        let (built, notes) = work
+            .await
+            .map_err(|e| fail(Box::new(e), "internal error"))?
+            .map_err(|(e, r)| fail(e, r))?;
+        for n in &notes {
+            ctx.log(
+                StepKind::BuildRankCache,
+                Some(&self.node),
+                Level::Info,
+                n.clone(),
+            );
+        }
+        if built == 0 {
+            return Ok(Outcome::Skipped {
+                reason: format!("every rank file verified: {}", notes.join("; ")),
+            });
+        }
+        Ok(Outcome::Done { bytes: Some(built) })
+    }
+}

@@ -1,0 +1,129 @@
+//! What a worker's rank reads, shipped from the head: the Engram tables, the kit, the token map
+//! and its rank file in both storage modes, and the checkpoint snapshot in copy mode.
+
+use std::path::Path;
+
+use super::TOKEN_MAP_FILE;
+use crate::config::{ValidatedConfig, WorkerStorage};
+use crate::context::Context;
+use crate::describe::Transfer;
+use crate::facts::DeploymentFacts;
+use crate::layout::{NodeLayout, repo_folder};
+use crate::ports::exec::Cmd;
+use crate::transfer::{FileJob, expand};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The transfers worker `r` receives, for the plan.
+pub(crate) fn plan(config: &ValidatedConfig, facts: &DeploymentFacts, r: usize) -> Vec<Transfer> {
+    let c = config.config();
+    let head = NodeLayout::of(config, &c.nodes[0]);
+    let w = NodeLayout::of(config, &c.nodes[r]);
+    let world = c.nodes.len();
+    let mut transfers = Vec::new();
+    if c.deployment.worker_storage == WorkerStorage::Copy {
+        let snap = format!("hub/{}", repo_folder(&c.model.id));
+        transfers.push(Transfer {
+            what: format!(
+                "checkpoint snapshot {} (config, tokenizer, index, every shard incl. vision)",
+                facts.model_commit
+            ),
+            from: format!("{}/{snap}", head.hf_cache),
+            to: format!("{}/{snap}", w.hf_cache),
+        });
+    }
+    transfers.extend([
+        Transfer {
+            what: "Engram tables (local disk, never NFS)".into(),
+            from: head.engram_dir.clone(),
+            to: w.engram_dir.clone(),
+        },
+        Transfer {
+            what: "kernel kit (identical bytes)".into(),
+            from: head.kit_dir.clone(),
+            to: w.kit_dir.clone(),
+        },
+        Transfer {
+            what: format!("rank {r} weight file"),
+            from: format!("{}/rank-cache/rank{r}of{world}-<hash>.bin", head.inputs_dir),
+            to: format!("{}/rank-cache/", w.inputs_dir),
+        },
+        Transfer {
+            what: "token map".into(),
+            from: format!("{}/{TOKEN_MAP_FILE}", head.inputs_dir),
+            to: format!("{}/{TOKEN_MAP_FILE}", w.inputs_dir),
+        },
+    ]);
+    transfers
+}
+
+/// The files worker `i` needs now, after moving superseded rank files aside on it.
+pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxError> {
+    let c = ctx.config().config();
+    let facts = ctx.facts();
+    let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
+    let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+    let world = c.nodes.len();
+    let mut jobs = Vec::new();
+    if c.deployment.worker_storage == WorkerStorage::Copy {
+        let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
+        let to = crate::layout::snapshot_dir(&wl.hf_cache, &c.model.id, &facts.model_commit);
+        jobs.extend(expand(&snap, &to).map_err(|e| Box::new(e) as BoxError)?);
+    }
+    jobs.extend(
+        expand(Path::new(&head.engram_dir), Path::new(&wl.engram_dir))
+            .map_err(|e| Box::new(e) as BoxError)?,
+    );
+    jobs.extend(
+        expand(Path::new(&head.kit_dir), Path::new(&wl.kit_dir))
+            .map_err(|e| Box::new(e) as BoxError)?,
+    );
+    let tm = TOKEN_MAP_FILE;
+    jobs.extend(
+        expand(
+            &Path::new(&head.inputs_dir).join(tm),
+            &Path::new(&wl.inputs_dir).join(tm),
+        )
+        .map_err(|e| Box::new(e) as BoxError)?,
+    );
+    let prefix = format!("rank{i}of{world}-");
+    let rank_dir = Path::new(&head.inputs_dir).join("rank-cache");
+    let rank_file = std::fs::read_dir(&rank_dir)
+        .map_err(|e| Box::new(e) as BoxError)?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with(&prefix) && n.ends_with(".bin"))
+        .ok_or_else(|| {
+            format!(
+                "no {prefix}*.bin in {}: run BuildRankCache first",
+                rank_dir.display()
+            )
+        })?;
+    let worker_rank_dir = format!("{}/rank-cache", wl.inputs_dir);
+    move_aside_stale(ctx, i, &worker_rank_dir, &prefix, &rank_file).await?;
+    jobs.extend(
+        expand(
+            &rank_dir.join(&rank_file),
+            &Path::new(&worker_rank_dir).join(&rank_file),
+        )
+        .map_err(|e| Box::new(e) as BoxError)?,
+    );
+    Ok(jobs)
+}
+
+/// Moves other `rank{R}of{W}-*.bin` files of the worker's rank-cache directory aside, so the
+/// engine's one-file rule holds after a rebuild.
+async fn move_aside_stale(
+    ctx: &Context,
+    index: usize,
+    dir: &str,
+    prefix: &str,
+    keep: &str,
+) -> Result<(), BoxError> {
+    let script = r#"cd "$1" 2>/dev/null || exit 0; for f in "$2"*.bin; do [ -f "$f" ] && [ "$f" != "$3" ] && mkdir -p superseded && mv -f -- "$f" superseded/; done; true"#;
+    ctx.exec(index)
+        .await?
+        .run(&Cmd::shell(script).args(["sh", dir, prefix, keep]))
+        .await?;
+    Ok(())
+}
