@@ -1,5 +1,6 @@
 """Type stubs for ``spark_deploy``: the spark-deploy plan API from Python."""
 
+import enum
 import pathlib
 import threading
 from collections.abc import Coroutine
@@ -17,6 +18,7 @@ __all__ = [
     "Deployment",
     "Testbed",
     "Report",
+    "StepStatus",
     "testbed_up",
     "testbed_down",
     "SparkDeployError",
@@ -90,6 +92,13 @@ class SmokeError(StepError):
 
 class StopError(StepError):
     """Stopping a rank failed."""
+
+class StepStatus(str, enum.Enum):
+    """What happened to a step in a run; compares equal to its JSON string (``"ran"``)."""
+
+    RAN = "ran"
+    SKIPPED = "skipped"
+    FAILED = "failed"
 
 class Report(list[dict[str, Any]]):
     """The report of a plan run: one dict per started step (``step``, ``status`` ran/skipped/failed,

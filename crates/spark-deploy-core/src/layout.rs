@@ -67,16 +67,10 @@ impl NodeLayout {
                 "{d}/bias_vl/{}/gate_bias_vl.safetensors",
                 c.model.engram_revision
             ),
-            image: if c.deployment.testbed && c.nodes.first().is_some_and(|h| h.name != node.name) {
-                let (repo, tag) = c
-                    .engine
-                    .image
-                    .rsplit_once(':')
-                    .filter(|(_, t)| !t.contains('/'))
-                    .unwrap_or((c.engine.image.as_str(), "latest"));
-                format!("{repo}:{tag}-{}", node.name)
-            } else {
+            image: if node.image.is_empty() {
                 c.engine.image.clone()
+            } else {
+                node.image.clone()
             },
         }
     }

@@ -1,6 +1,15 @@
 """Pure-Python parts of ``spark_deploy``: the report type and the HTML renderings for Jupyter."""
 
+from enum import Enum
 from html import escape
+
+
+class StepStatus(str, Enum):
+    """What happened to a step in a run; compares equal to its JSON string (``"ran"``)."""
+
+    RAN = "ran"
+    SKIPPED = "skipped"
+    FAILED = "failed"
 
 
 def _source_name(source):
@@ -37,19 +46,26 @@ _COLOURS = {"ran": "#2e7d32", "skipped": "#757575", "failed": "#c62828"}
 class Report(list):
     """The report of a plan run: one dict per step that started, in order.
 
-    Each dict has ``step`` (``"fetch_checkpoint"``), ``status`` (``"ran"``, ``"skipped"`` or
-    ``"failed"``), ``duration_ms``, and when known ``detail`` (skip reason or error) and ``bytes``.
+    Each dict has ``step`` (``"fetch_checkpoint"``), ``status`` (a :class:`StepStatus`, equal to
+    ``"ran"``, ``"skipped"`` or ``"failed"``), ``duration_ms``, and when known ``detail`` (skip
+    reason or error) and ``bytes``.
     """
+
+    def __init__(self, steps=()):
+        super().__init__(
+            {**s, "status": StepStatus(s["status"])} if isinstance(s, dict) and "status" in s else s
+            for s in steps
+        )
 
     @property
     def ok(self):
         """True when no step failed."""
-        return all(s.get("status") != "failed" for s in self)
+        return all(s.get("status") != StepStatus.FAILED for s in self)
 
     def _repr_html_(self):
         rows = []
         for s in self:
-            status = str(s.get("status", ""))
+            status = str(getattr(s.get("status"), "value", s.get("status", "")))
             colour = _COLOURS.get(status, "inherit")
             b = s.get("bytes")
             rows.append(

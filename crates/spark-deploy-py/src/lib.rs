@@ -151,6 +151,7 @@ fn spark_deploy(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<deployment::Deployment>()?;
     m.add_class::<testbed::Testbed>()?;
     m.add("Report", plan::helpers(m.py())?.getattr("Report")?)?;
+    m.add("StepStatus", plan::helpers(m.py())?.getattr("StepStatus")?)?;
     m.add_function(wrap_pyfunction!(testbed::testbed_up, m)?)?;
     m.add_function(wrap_pyfunction!(testbed::testbed_down, m)?)?;
     errors::register(m)?;

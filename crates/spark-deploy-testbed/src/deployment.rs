@@ -9,11 +9,16 @@ use crate::cluster::TestbedInfo;
 /// reached over the management network with the testbed's key and known_hosts, ranks of workers
 /// share the worker container's network namespace, and worker storage is `copy` (this kernel has
 /// no NFS). The test-scale pool keeps the stand-in's memory small.
+///
+/// Nothing here tells production code it runs on a testbed: the differences are ordinary
+/// settings — each worker's image reference is its own tag (head and workers share one Docker
+/// daemon here, so a distinct tag makes BuildImage really ship the image), and the shape guard
+/// is off because the stand-in serves a test-scale checkpoint.
 #[must_use]
 pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
     let mut c = DeploymentConfig::default();
     c.deployment.name = "sd-testbed".into();
-    c.deployment.testbed = true;
+    c.engine.shape_guard = false;
     c.deployment.worker_storage = WorkerStorage::Copy;
     let head_dir = info.state_dir.join("head");
     c.deployment.state_dir = head_dir.join("state").display().to_string();
@@ -37,6 +42,7 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
         n.network_mode.clone_from(&w.network_mode);
         n.hf_cache = w.disk_dir.join("hf").display().to_string();
         n.data_dir = w.disk_dir.join("data").display().to_string();
+        n.image = format!("{}-{}", crate::engine::IMAGE, w.name);
         nodes.push(n);
     }
     c.nodes = nodes;

@@ -11,6 +11,7 @@ use spark_deploy_core::config::validate;
 use spark_deploy_core::event::{Event, Recorder, Source};
 use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::run::Context;
+use spark_deploy_core::run::StepStatus;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -67,7 +68,11 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
         )
     })?;
     assert_eq!(
-        report.steps.iter().filter(|s| s.status == "failed").count(),
+        report
+            .steps
+            .iter()
+            .filter(|s| s.status == StepStatus::Failed)
+            .count(),
         0
     );
     let ev = rec.events();

@@ -11,6 +11,7 @@ use spark_deploy_core::config::{DeploymentConfig, NodeConfig, validate};
 use spark_deploy_core::event::Recorder;
 use spark_deploy_core::plan::{Plan, Step};
 use spark_deploy_core::run::Context;
+use spark_deploy_core::run::StepStatus;
 use spark_deploy_core::secret::Secret;
 use spark_deploy_core::steps::FetchCheckpoint;
 use spark_deploy_testbed::demo::{KIT, MODEL, ORIGINAL, hub_tree};
@@ -117,14 +118,14 @@ async fn ablit_overlay_gated_and_separate_and_verify_only_catches_a_flipped_byte
         .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
         .await
         .unwrap();
-    assert_eq!(report.steps[0].status, "skipped", "{report:?}");
+    assert_eq!(report.steps[0].status, StepStatus::Skipped, "{report:?}");
     // A normal run with the Hub unreachable stands on the pinned, verified cache.
     let rec = Recorder::default();
     let report = fetch_only(&v, false)
         .run(&Context::new(v.clone(), Arc::new(rec.clone())))
         .await
         .unwrap();
-    assert_eq!(report.steps[0].status, "skipped", "{report:?}");
+    assert_eq!(report.steps[0].status, StepStatus::Skipped, "{report:?}");
     let detail = report.steps[0].detail.clone().unwrap_or_default();
     assert!(detail.contains("Hub unreachable"), "{detail}");
     let blobs = d.path().join("hf/hub/models--testbed--dsv41-exl3/blobs");

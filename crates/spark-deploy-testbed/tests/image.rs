@@ -13,6 +13,7 @@ use spark_deploy_core::layout::NodeLayout;
 use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::ports::docker::DockerNode;
 use spark_deploy_core::run::Context;
+use spark_deploy_core::run::StepStatus;
 use spark_deploy_testbed::cluster::TestbedInfo;
 
 mod common;
@@ -79,7 +80,7 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
     // 1. Built on the head, shipped to the worker under its own tag through its Docker.
     let (report, rec) = run(v.clone()).await?;
-    assert_eq!(report.steps[1].status, "ran", "{report:?}");
+    assert_eq!(report.steps[1].status, StepStatus::Ran, "{report:?}");
     let c1 = label(&head, &head_image)
         .await?
         .ok_or("head image has no content label")?;
@@ -120,7 +121,7 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
     // 2. A re-run builds and ships nothing.
     let (report, _) = run(v.clone()).await?;
-    assert_eq!(report.steps[1].status, "skipped", "{report:?}");
+    assert_eq!(report.steps[1].status, StepStatus::Skipped, "{report:?}");
 
     // 3. A changed patch file changes the label: rebuilt on the head, re-shipped to the worker.
     std::fs::write(
@@ -128,7 +129,7 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
         "--- a/zig/src/x.zig\n+++ b/zig/src/x.zig\n@@ -1 +1 @@\n-a\n+c\n",
     )?;
     let (report, rec) = run(v.clone()).await?;
-    assert_eq!(report.steps[1].status, "ran", "{report:?}");
+    assert_eq!(report.steps[1].status, StepStatus::Ran, "{report:?}");
     let c2 = label(&head, &head_image).await?.ok_or("label")?;
     assert_ne!(c1, c2);
     assert_eq!(

@@ -269,6 +269,10 @@ pub struct EngineSection {
     pub l2_prefetch: bool,
     /// `TF_DS_ENGRAM_AIO` / `--aio`.
     pub engram_aio: bool,
+    /// Refuse checkpoints whose dimensions differ from those the engine's kernels are built for
+    /// (before hours of rank-file building). Off only for an engine build that accepts other
+    /// shapes (the testbed's stand-in serves a test-scale checkpoint).
+    pub shape_guard: bool,
     /// Recipe switches with no public engine source (`TF_DS_ENGRAM_LANES`, `TF_DS_IDX_SPLIT`,
     /// `PREFILL_INTERLEAVE_MS`, `TF_DS_IMAGE_CACHE`): opaque, passed identically to both ranks, only when set.
     pub switches: BTreeMap<String, String>,
@@ -289,6 +293,7 @@ impl Default for EngineSection {
             hc_side: true,
             l2_prefetch: true,
             engram_aio: true,
+            shape_guard: true,
             switches: BTreeMap::new(),
             env: BTreeMap::new(),
         }
@@ -389,6 +394,10 @@ pub struct NodeConfig {
     /// Root of spark-deploy's data on the node (rank cache, kit, Engram, engine, logs).
     #[serde(default = "default_data_dir")]
     pub data_dir: String,
+    /// The engine image's reference on this node; empty = `engine.image`. The content label,
+    /// not the reference, identifies the image.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image: String,
 }
 
 fn default_ssh_port() -> u16 {
@@ -429,6 +438,7 @@ impl NodeConfig {
             docker_socket: default_docker_socket(),
             hf_cache: String::new(),
             data_dir: default_data_dir(),
+            image: String::new(),
         }
     }
 

@@ -22,13 +22,25 @@ use crate::event::Event;
 use crate::event::StepKind;
 use crate::plan::{Plan, Step};
 
+/// What happened to a step in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStatus {
+    /// The step did its work.
+    Ran,
+    /// It had nothing to do.
+    Skipped,
+    /// It failed (the run stopped there).
+    Failed,
+}
+
 /// One line of the run report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StepReport {
     /// The step.
     pub step: StepKind,
-    /// `ran`, `skipped` or `failed`.
-    pub status: &'static str,
+    /// What happened.
+    pub status: StepStatus,
     /// Skip reason or error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -144,7 +156,7 @@ impl Plan {
                     });
                     report.steps.push(StepReport {
                         step: kind,
-                        status: "ran",
+                        status: StepStatus::Ran,
                         detail: None,
                         duration_ms,
                         bytes,
@@ -157,7 +169,7 @@ impl Plan {
                     });
                     report.steps.push(StepReport {
                         step: kind,
-                        status: "skipped",
+                        status: StepStatus::Skipped,
                         detail: Some(reason),
                         duration_ms: millis(t),
                         bytes: None,
@@ -171,7 +183,7 @@ impl Plan {
                     });
                     report.steps.push(StepReport {
                         step: kind,
-                        status: "failed",
+                        status: StepStatus::Failed,
                         detail: Some(failure.chain()),
                         duration_ms: millis(t),
                         bytes: None,
@@ -233,7 +245,7 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
         assert_eq!(err.failure.step, StepKind::Preflight);
         assert_eq!(err.failure.chain(), "cancelled");
-        assert_eq!(err.report.steps[0].status, "failed");
+        assert_eq!(err.report.steps[0].status, StepStatus::Failed);
         drop(accepted);
     }
 }

@@ -184,8 +184,21 @@ impl BuildImage {
                 work.push(format!("shipped {} to {}", n.image, n.node));
             }
             bytes += shipped;
-            let jobs = expand(Path::new(&head.engine_dir), Path::new(&n.engine_dir))
-                .map_err(|e| fail(Box::new(e), "the engine dir must be readable".into()))?;
+            let mut jobs = Vec::new();
+            for bin in &self.binaries {
+                jobs.extend(
+                    expand(
+                        &Path::new(&head.engine_dir).join(bin),
+                        &Path::new(&n.engine_dir).join(bin),
+                    )
+                    .map_err(|e| {
+                        fail(
+                            Box::new(e),
+                            format!("{} must be readable on {}", bin, head.node),
+                        )
+                    })?,
+                );
+            }
             let stats = super::storage::ship(ctx, StepKind::BuildImage, i, &jobs)
                 .await
                 .map_err(|e| fail(e, "a re-run resumes".into()))?;

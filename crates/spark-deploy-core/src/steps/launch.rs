@@ -213,13 +213,15 @@ impl LaunchRank {
                     &fingerprint[..12]
                 ),
             );
-            ranks::start(ctx, s).await.map_err(|source| {
-                fail(LaunchError::Start {
-                    rank: s.rank,
-                    node: s.node.clone(),
-                    source,
-                })
-            })?;
+            ranks::start(ctx, StepKind::LaunchRank, s)
+                .await
+                .map_err(|source| {
+                    fail(LaunchError::Start {
+                        rank: s.rank,
+                        node: s.node.clone(),
+                        source,
+                    })
+                })?;
             if s.rank != 0 {
                 // A follower that dies at once (bad argv, missing input) must stop the launch here.
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;

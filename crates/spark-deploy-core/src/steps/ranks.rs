@@ -43,10 +43,19 @@ pub enum RankOpError {
 
 /// Creates and starts `spec` on its node, replacing a stopped container of the same name.
 ///
+/// Whether the node's daemon lets a container raise `RLIMIT_MEMLOCK` is a capability of that
+/// host, detected here: when the start fails with the spec's memlock limit and succeeds without
+/// it, the rank runs without it and a warning says so (RDMA needs pinned memory; a Spark's daemon
+/// must allow it). Any other failure is returned as it is.
+///
 /// # Errors
 ///
 /// [`RankOpError::Docker`] naming node and container.
-pub(crate) async fn start(ctx: &Context, spec: &ContainerSpec) -> Result<(), RankOpError> {
+pub(crate) async fn start(
+    ctx: &Context,
+    step: StepKind,
+    spec: &ContainerSpec,
+) -> Result<(), RankOpError> {
     let i = ctx.node_index(&spec.node);
     let docker = ctx.docker(i).await?;
     docker.remove_container(&spec.name).await?;
@@ -54,7 +63,30 @@ pub(crate) async fn start(ctx: &Context, spec: &ContainerSpec) -> Result<(), Ran
         .create_container(&spec.name, create_body(spec))
         .await?;
     ctx.record_started(i, spec.name.clone());
-    docker.start_container(&spec.name).await?;
+    let Err(first) = docker.start_container(&spec.name).await else {
+        return Ok(());
+    };
+    if !spec.ulimits.iter().any(|u| u.name == "memlock") {
+        return Err(first.into());
+    }
+    let mut without = spec.clone();
+    without.ulimits.retain(|u| u.name != "memlock");
+    docker.remove_container(&spec.name).await?;
+    docker
+        .create_container(&spec.name, create_body(&without))
+        .await?;
+    if docker.start_container(&spec.name).await.is_err() {
+        return Err(first.into());
+    }
+    ctx.log(
+        step,
+        Some(&spec.node),
+        Level::Warn,
+        format!(
+            "{}'s Docker refuses the memlock limit ({first}); rank {} runs without it. RDMA needs pinned memory: allow `--ulimit memlock=-1` in that daemon (LimitMEMLOCK=infinity in its unit) before serving over RoCE",
+            spec.node, spec.rank
+        ),
+    );
     Ok(())
 }
 

@@ -218,8 +218,7 @@ fn volume_spec<'a>(
     })
 }
 
-/// NFS mode on worker `index`: the head's export checked (not on the testbed, whose kernel has no
-/// NFS server), the volume created or accepted through the worker's Docker, and its mount
+/// NFS mode on worker `index`: the head's export checked, the volume created or accepted through the worker's Docker, and its mount
 /// verified when the engine image is already there (else BuildImage verifies it,
 /// [`verify_nfs_mounts`]).
 async fn nfs(
@@ -232,9 +231,7 @@ async fn nfs(
     let c = ctx.config().config();
     let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
     let (exported, server) = export_and_server(options, &head.hf_cache);
-    if c.deployment.testbed {
-        ctx.log(StepKind::ConfigureWorkerStorage, Some(&c.nodes[0].name), Level::Warn, "testbed: this machine has no NFS server, so the head's export is not checked here (the exports parser is unit-tested)");
-    } else {
+    {
         let client: std::net::Ipv4Addr = w.fabric_addr.parse().map_err(|_| {
             format!(
                 "the fabric address of {} is unknown ({}): run Preflight first",

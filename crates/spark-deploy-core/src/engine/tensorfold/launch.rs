@@ -148,10 +148,9 @@ fn base_spec(
             "none".into()
         },
         devices: facts.infiniband_device.iter().cloned().collect(),
-        // The testbed's daemon may not raise RLIMIT_MEMLOCK (no RDMA there to pin memory for).
+        // A daemon that refuses the memlock limit is detected at start (see `steps::ranks`).
         ulimits: [("memlock", -1), ("stack", 67_108_864)]
             .into_iter()
-            .filter(|(n, _)| !(c.deployment.testbed && *n == "memlock"))
             .map(|(n, v)| Ulimit {
                 name: n.into(),
                 soft: v,

@@ -180,7 +180,7 @@ impl RankInputs {
         let layout = crate::layout::NodeLayout::of(ctx.config(), &c.nodes[0]);
         let fetched_bias = std::path::PathBuf::from(&layout.bias_vl_file);
         let world = self.ranks.len();
-        let testbed = c.deployment.testbed;
+        let shape_guard = c.engine.shape_guard;
         let label = format!("{}@{}", c.model.id, facts.model_commit);
         let inputs = PathBuf::from(&self.inputs_dir);
         let kit_dir = PathBuf::from(&self.kit_dir);
@@ -194,7 +194,7 @@ impl RankInputs {
                 let mut built = 0u64;
                 let mut notes = Vec::new();
                 let opts = RankCacheOptions {
-                    engine_shape_guard: !testbed,
+                    engine_shape_guard: shape_guard,
                     existing: ExistingRankFile::MoveAside,
                     source_label: Some(label),
                     ..RankCacheOptions::default()
