@@ -2,6 +2,9 @@
 //! written here (not the writer's code), reassembled and compared byte for byte with the source
 //! shards (read with a safetensors reader written here too).
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

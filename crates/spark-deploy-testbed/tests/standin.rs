@@ -5,6 +5,9 @@
 //! Every wait is bounded by `STANDIN_TEST_TIMEOUT_S` (default 90 s); every child is killed by a
 //! guard on drop.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
