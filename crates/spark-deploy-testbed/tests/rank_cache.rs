@@ -106,7 +106,7 @@ impl RankFile {
             rows.push(row);
         }
         assert_eq!(end, at, "data section ends where the index starts");
-        // the index text as §4.1 spells it
+        // the index text byte for byte: `, ` between items, rows `[key, dtype, shape, offset, bytes]`
         let text: Vec<String> = rows
             .iter()
             .map(|r| {
