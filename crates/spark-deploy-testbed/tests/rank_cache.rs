@@ -106,7 +106,7 @@ impl RankFile {
             rows.push(row);
         }
         assert_eq!(end, at, "data section ends where the index starts");
-        // the index text byte for byte: `, ` between items, rows `[key, dtype, shape, offset, bytes]`
+        // the index text byte for byte: rows `[key, dtype, shape, offset, bytes]`, `, ` between
         let text: Vec<String> = rows
             .iter()
             .map(|r| {
@@ -529,9 +529,9 @@ fn a_cancelled_build_leaves_no_file_under_a_final_name() {
     build_rank_cache(&plan, out.path(), &o, &mut no_progress()).unwrap();
 }
 
-/// The child process of `a_killed_build_leaves_no_file_under_a_final_name`: a slowed build of rank 0
-/// of `SD_KILLED_BUILD_MODEL` into `SD_KILLED_BUILD_OUT`, which the parent kills mid-write. Does
-/// nothing when run on its own.
+/// The child process of `a_killed_build_leaves_no_file_under_a_final_name`: a slowed build of
+/// rank 0 of `SD_KILLED_BUILD_MODEL` into `SD_KILLED_BUILD_OUT`, which the parent kills mid-write.
+/// Does nothing when run on its own.
 #[test]
 #[ignore = "the child process of a_killed_build_leaves_no_file_under_a_final_name"]
 fn killed_build_child() {

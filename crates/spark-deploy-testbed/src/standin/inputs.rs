@@ -1,6 +1,6 @@
-//! The inputs both ranks load and check before they meet (docs/engine-contract.md, "What each rank reads"):
-//! `config.json`, `tokenizer.json`, the token map, the kernel kit, the Engram tables, and the
-//! safetensors headers of the checkpoint (for the split proof's full computation).
+//! The inputs both ranks load and check before they meet (docs/engine-contract.md, "What each
+//! rank reads"): `config.json`, `tokenizer.json`, the token map, the kernel kit, the Engram tables,
+//! and the safetensors headers of the checkpoint (for the split proof's full computation).
 //!
 //! The stand-in does **not** run the engine's config shape guard (the real model's dimensions): it
 //! serves test-scale checkpoints. It does require every `config.json` field the engine reads

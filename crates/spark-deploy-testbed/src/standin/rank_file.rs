@@ -1,5 +1,5 @@
-//! The stand-in's own TFDSRK01 reader (docs/engine-contract.md, "The rank file"), written from the format and
-//! independent of any writer in this workspace.
+//! The stand-in's own TFDSRK01 reader (docs/engine-contract.md, "The rank file"), written from the
+//! format and independent of any writer in this workspace.
 //!
 //! Discovery: exactly one **regular** file named `rank{R}of{W}-*.bin` in the cache directory
 //! (symlinks are invisible). Reading: magic, footer, JSON index, back-to-back rows, sizes, unique
