@@ -180,6 +180,9 @@ class Deployment:
     def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Stop both ranks and start both again in one run (Stop + the standard plan)."""
 
+# Testbed, testbed_up and testbed_down exist in builds with the cargo feature `testbed` (the
+# default); a module built with --no-default-features has neither.
+
 @final
 class Testbed:
     """A running testbed with its hub and the config that deploys onto it."""

@@ -1,4 +1,4 @@
-"""Reference token map (ENGINE-CONTRACT.md §6), written from the contract with the Python
+"""Reference token map (docs/engine-contract.md, "What each rank reads"), written with the Python
 `tokenizers` package: python make_token_map_ref.py MODEL_DIR OUT_JSON.
 
 For every token id in order: decode([id], skip_special_tokens=False); a text holding U+FFFD keys by

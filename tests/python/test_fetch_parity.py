@@ -1,4 +1,4 @@
-"""Issue 5, first "done means": an EMPTY cache filled by `spark-deploy fetch` (the FetchCheckpoint
+"""An EMPTY cache filled by `spark-deploy fetch` (the FetchCheckpoint
 step, through the real CLI and a config file) holds files byte-identical to what
 `huggingface_hub.snapshot_download` fetches from the same testbed hub into another cache, in the
 same layout.

@@ -1,5 +1,5 @@
-"""The testbed hub serves `huggingface_hub` correctly (issue 3 item 3), and the Python client and our
-Hub port share one cache layout (issue 5)."""
+"""The testbed hub serves `huggingface_hub` correctly, and the Python client and our Hub port share
+one cache layout."""
 
 import os
 import pathlib

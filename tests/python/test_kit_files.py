@@ -1,5 +1,5 @@
 """The kit's generated files against independent tools: the bias_vl file against a standard-library
-Python build following ENGINE-CONTRACT.md §9 (names sorted, `json.dumps` header with
+Python build of the same layout (every `*.ffn.gate.bias_vl` tensor, names sorted, `json.dumps` header with
 `__metadata__` last, space padding to 8), and the MANIFEST against coreutils `sha256sum -c`."""
 import json
 import struct

@@ -1,5 +1,5 @@
-"""The native RoPE tables (ENGINE-CONTRACT.md §7) against a numpy float32 computation of the same
-definition; the largest difference is reported in ulps."""
+"""The native RoPE tables (four raw fp32 `[rows, rope_dim / 2]` files and rope.json) against a
+numpy float32 computation of the same definition; the largest difference is reported in ulps."""
 import hashlib
 import json
 import math
@@ -36,7 +36,8 @@ REAL = {
 
 
 def freqs(dim, base, factor, beta_fast, beta_slow, orig_len):
-    """§7 in numpy float32 (corr/low/high in Python floats, as the definition's Python does)."""
+    """The tables' YaRN frequencies in numpy float32 (corr/low/high in Python floats, as the
+    definition's Python does)."""
     f32 = np.float32
     f = f32(1.0) / np.power(f32(base), np.arange(0, dim, 2, dtype=np.float32) / f32(dim))
     if orig_len > 0:

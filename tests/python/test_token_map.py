@@ -1,4 +1,4 @@
-"""The native token map (ENGINE-CONTRACT.md §6) equals, byte for byte, the reference built with the
+"""The native token map (one compressed id per token id) equals, byte for byte, the reference built with the
 Python `tokenizers` package (make_token_map_ref.py), and the count check refuses a tokenizer whose
 count differs from config.json."""
 import json

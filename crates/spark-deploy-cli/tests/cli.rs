@@ -1,5 +1,8 @@
 //! The CLI's behaviour: secrets, validation errors and exit codes, init, snapshots.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{run, stderr, stdout};

@@ -1,6 +1,9 @@
 //! Contract tests: the plan's rank containers obey ENGINE-CONTRACT.md §2.3–§2.9, checked
 //! independently of the code that renders them (the rules are restated here from the contract).
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

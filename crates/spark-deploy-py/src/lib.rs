@@ -8,7 +8,8 @@
 //! - `events`: running work with the GIL released while the calling thread delivers events to
 //!   the Python callback and watches for Ctrl-C / a cancel flag.
 //! - `plan`: `Plan` (standard, teardown, from_steps, describe, run, run_async) and `Report`.
-//! - `deployment`: the `Deployment` handle; `testbed`: `testbed_up` / `testbed_down`.
+//! - `deployment`: the `Deployment` handle.
+//! - `testbed` (cargo feature `testbed`, on by default): `Testbed`, `testbed_up` / `testbed_down`.
 //! - `errors`: `SparkDeployError`, `ConfigError`, `StepError` and one subclass per step.
 //! - `helpers.py`: the pure-Python parts (`Report`, HTML renderings, Jupyter progress, asyncio).
 
@@ -17,6 +18,7 @@ mod errors;
 mod events;
 mod plan;
 mod runtime;
+#[cfg(feature = "testbed")]
 mod testbed;
 
 use std::path::PathBuf;
@@ -149,11 +151,14 @@ fn spark_deploy(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Config>()?;
     m.add_class::<plan::Plan>()?;
     m.add_class::<deployment::Deployment>()?;
-    m.add_class::<testbed::Testbed>()?;
     m.add("Report", plan::helpers(m.py())?.getattr("Report")?)?;
     m.add("StepStatus", plan::helpers(m.py())?.getattr("StepStatus")?)?;
-    m.add_function(wrap_pyfunction!(testbed::testbed_up, m)?)?;
-    m.add_function(wrap_pyfunction!(testbed::testbed_down, m)?)?;
+    #[cfg(feature = "testbed")]
+    {
+        m.add_class::<testbed::Testbed>()?;
+        m.add_function(wrap_pyfunction!(testbed::testbed_up, m)?)?;
+        m.add_function(wrap_pyfunction!(testbed::testbed_down, m)?)?;
+    }
     errors::register(m)?;
     Ok(())
 }

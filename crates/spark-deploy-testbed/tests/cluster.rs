@@ -9,6 +9,9 @@
 //! cargo test -p spark-deploy-testbed --test cluster -- --nocapture
 //! ```
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

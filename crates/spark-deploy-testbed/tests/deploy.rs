@@ -4,6 +4,9 @@
 //! SSH), smoke, a chat completion with the split proof, teardown with saved logs, an up-to-date
 //! re-run that skips, and both-ranks-or-neither when rank 1 dies.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

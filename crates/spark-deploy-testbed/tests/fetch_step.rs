@@ -4,6 +4,9 @@
 //! own tests show a normal run re-fetching a corrupt blob); a normal run with the hub stopped
 //! stands on the pinned cache while it verifies, and fails when it does not.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -1,6 +1,9 @@
 //! The generated original-model repo and kit, and the core's bias_vl / kit / token-map builders on
 //! them.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::path::Path;
 

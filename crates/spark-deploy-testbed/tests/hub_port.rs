@@ -1,5 +1,8 @@
 //! The Hub port of spark-deploy-core against the testbed hub (loopback only).
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::{Arc, Mutex};

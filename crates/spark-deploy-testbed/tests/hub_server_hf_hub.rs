@@ -1,5 +1,8 @@
 //! The real `hf-hub` 1.0 client downloads from the testbed hub (loopback only).
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

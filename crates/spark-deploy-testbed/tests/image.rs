@@ -4,6 +4,9 @@
 //! (the testbed's worker shares the head's daemon, so only that shipment can create the tag); a
 //! re-run changes nothing; a changed patch file changes the label, rebuilds and re-ships.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::sync::Arc;
 

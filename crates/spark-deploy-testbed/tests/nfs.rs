@@ -4,6 +4,9 @@
 //! which this kernel cannot do — fails at the throwaway container's start and is classified as
 //! "NFS not available on this host". What is not exercised is printed with the test's output.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;

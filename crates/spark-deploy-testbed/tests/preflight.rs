@@ -13,6 +13,9 @@
 //! The unit tests of `preflight::decide` cover the same cases (and the disk need, which this
 //! machine's disk cannot be made to fail honestly) on built facts.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -2,6 +2,9 @@
 //! written here (not the writer's code), reassembled and compared byte for byte with the source
 //! shards (read with a safetensors reader written here too).
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -103,7 +106,7 @@ impl RankFile {
             rows.push(row);
         }
         assert_eq!(end, at, "data section ends where the index starts");
-        // the index text as §4.1 spells it
+        // the index text byte for byte: rows `[key, dtype, shape, offset, bytes]`, `, ` between
         let text: Vec<String> = rows
             .iter()
             .map(|r| {
@@ -526,16 +529,45 @@ fn a_cancelled_build_leaves_no_file_under_a_final_name() {
     build_rank_cache(&plan, out.path(), &o, &mut no_progress()).unwrap();
 }
 
+/// The child process of `a_killed_build_leaves_no_file_under_a_final_name`: a slowed build of
+/// rank 0 of `SD_KILLED_BUILD_MODEL` into `SD_KILLED_BUILD_OUT`, which the parent kills mid-write.
+/// Does nothing when run on its own.
+#[test]
+#[ignore = "the child process of a_killed_build_leaves_no_file_under_a_final_name"]
+fn killed_build_child() {
+    let (Some(model), Some(out)) = (
+        std::env::var_os("SD_KILLED_BUILD_MODEL"),
+        std::env::var_os("SD_KILLED_BUILD_OUT"),
+    ) else {
+        return;
+    };
+    let o = RankCacheOptions {
+        chunk_bytes: 65536,
+        threads: 1,
+        ..opts()
+    };
+    let plan = plan_rank_cache(Path::new(&model), 0, 2, &o).unwrap();
+    let mut slow = |_: &spark_deploy_core::engine::tensorfold::inputs::RankCacheProgress| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        Ok(())
+    };
+    build_rank_cache(&plan, Path::new(&out), &o, &mut slow).unwrap();
+}
+
 #[test]
 fn a_killed_build_leaves_no_file_under_a_final_name() {
-    let bin = env!("CARGO_BIN_EXE_sd-inputs");
     let model = small();
     let out = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(bin)
-        .args(["rank-cache", "build"])
-        .arg(model)
-        .arg(out.path())
-        .args(["0", "2", "--chunk", "65536", "--throttle-ms", "20"])
+    // This test binary again, running only the child above: a build in its own process to SIGKILL.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "killed_build_child",
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .env("SD_KILLED_BUILD_MODEL", model)
+        .env("SD_KILLED_BUILD_OUT", out.path())
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();

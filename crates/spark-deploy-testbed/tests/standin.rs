@@ -5,6 +5,9 @@
 //! Every wait is bounded by `STANDIN_TEST_TIMEOUT_S` (default 90 s); every child is killed by a
 //! guard on drop.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -664,7 +667,7 @@ fn inputs_are_checked_like_the_engine() {
         err.contains("MissingTensor") && err.contains("rank 1's share"),
         "{err}"
     );
-    // config.json: another family, and a missing §5.1a field
+    // config.json: another family, and a missing required field
     for (edit, name) in [
         ("model_type", "UnsupportedModel"),
         ("index_topk", "BadConfig"),
@@ -1381,7 +1384,7 @@ fn rank_1_runs_in_the_from_scratch_image() {
         .arg(format!("{}:/engine:ro", f.engine.display()));
     let logs = tempfile::tempdir().unwrap();
     c.arg("-v").arg(format!("{}:/logs", logs.path().display()));
-    // the engine profile's wrapper (ENGINE-CONTRACT.md §2.2), run by the image's bash and tee
+    // the bash recipe's container command, run by the image's bash and tee
     let q = |p: &Path| format!("'{}'", p.display());
     let cmd = format!(
         "/engine/tf-dsv41-lanes {} {} 1 2 127.0.0.1 {tp} {} --engram {} --token-map {} --pool {POOL} --rdma lo0,lo1",

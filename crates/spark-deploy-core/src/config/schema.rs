@@ -17,7 +17,8 @@ pub const DEFAULT_MODEL_ID: &str = "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-
 pub const DEFAULT_SERVED_NAME: &str = "DeepSeek-V4.1-Flash-1017";
 /// The repository holding the Engram tables and `bias_vl` tensors (the original model).
 pub const DEFAULT_ENGRAM_REPO: &str = "deepseek-ai/DeepSeek-V4.1-Flash";
-/// The pinned revision of the original model (ENGINE-CONTRACT.md §10.2).
+/// The pinned revision of the original model (the Engram tables and `bias_vl` tensors come from
+/// it).
 pub const DEFAULT_ENGRAM_REVISION: &str = "dba1be0a40aa45a94ad051997016db3960a90277";
 /// The repository publishing the TP=2 kernel kit (folder `kit/`).
 pub const DEFAULT_KIT_REPO: &str = "bertholomus/DeepSeek-V4.1-Flash-TensorFold-TP2-2xGB10";
@@ -100,7 +101,7 @@ impl Default for DeploymentSection {
 /// Engine profiles spark-deploy knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EngineProfileName {
-    /// TensorFold's native Zig `dsv41` engine, TP=2 (ENGINE-CONTRACT.md).
+    /// TensorFold's native Zig `dsv41` engine, TP=2 (docs/engine-contract.md).
     #[serde(rename = "tensorfold-dsv41")]
     TensorfoldDsv41,
 }

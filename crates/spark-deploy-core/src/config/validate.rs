@@ -1,8 +1,8 @@
 //! Validation: every field checked once, every problem reported with its path and allowed range.
 //!
 //! The checks mirror what the engine would refuse later, at a cost of an hour on a Spark: the pool
-//! limit of the RoPE tables, the TP=2 kit's stream limit, the world size
-//! (ENGINE-CONTRACT.md §2.5, §2.11, §8.5).
+//! limit of the RoPE tables, the TP=2 kit's stream limit, the world size (the engine profile's
+//! `EngineLimits`; docs/engine-contract.md lists them).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -247,7 +247,7 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
         s.context,
         limits.min_pool,
         limits.max_pool,
-        " (the engine's RoPE rows cap the pool; ENGINE-CONTRACT.md §7)",
+        " (at least one 2048-position extent, at most what the engine's RoPE tables cover)",
     );
     if s.context > limits.memory_warn_context && s.context <= limits.max_pool {
         c.warn("serving.context", format!("{} > {}: leaves about 5 GiB on the head at 1M; prefer ≤ {} unless the whole window is needed", s.context, limits.memory_warn_context, limits.memory_warn_context));

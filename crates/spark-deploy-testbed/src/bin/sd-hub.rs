@@ -258,12 +258,11 @@ mod port {
         FetchEvent, HfCache, HfToken, Hub, HubConfig, select, verify_snapshot,
     };
 
-    fn runtime() -> tokio::runtime::Runtime {
+    fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
-            .expect("tokio runtime")
     }
 
     pub(super) fn fetch(
@@ -291,7 +290,16 @@ mod port {
             println!("{}", r.summary());
             Ok::<_, Box<dyn std::error::Error>>(())
         };
-        match runtime().block_on(run) {
+        let runtime = match runtime() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!(
+                    "sd-hub fetch: cannot start the tokio runtime: {e}; check the process and thread limits (ulimit -u)"
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        match runtime.block_on(run) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sd-hub fetch: {}", report(e.as_ref()));

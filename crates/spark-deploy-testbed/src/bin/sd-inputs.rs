@@ -1,25 +1,22 @@
-//! `sd-inputs`: a small driver over the generator and the native input builders, for the Python
-//! tests (tests/python) until the `spark-deploy rank-cache` CLI is wired.
+//! `sd-inputs`: a small driver over the test-scale checkpoint generator and the native input
+//! builders, for the Python cross-checks (tests/python) against independent references. Rank files
+//! are built with `spark-deploy rank-cache` (the same builder).
 //!
 //! ```text
 //! sd-inputs generate small|large SEED OUT_DIR      # test-scale checkpoint (model/, original/, kit/)
 //! sd-inputs generate real-sparse SEED OUT_DIR      # real shapes, sparse shards (model/ only)
-//! sd-inputs token-map MODEL_DIR OUT_JSON           # §6 token map with the count check
-//! sd-inputs rope MODEL_DIR OUT_DIR [ROWS]          # §7 RoPE tables + rope.json
-//! sd-inputs bias-vl ORIGINAL_DIR OUT_FILE          # §9 image routing bias
-//! sd-inputs verify-kit KIT_DIR                     # §8 MANIFEST check
-//! sd-inputs rank-cache build|verify|verify-bytes|index-only MODEL_DIR OUT_DIR RANK WORLD
-//!           [--chunk BYTES] [--throttle-ms MS] [--overlay PATH]
+//! sd-inputs token-map MODEL_DIR OUT_JSON           # token map, with the token-count check
+//! sd-inputs rope MODEL_DIR OUT_DIR [ROWS]          # RoPE tables + rope.json
+//! sd-inputs bias-vl ORIGINAL_DIR OUT_FILE          # image routing bias (gate_bias_vl.safetensors)
+//! sd-inputs verify-kit KIT_DIR                     # the kit's files against its MANIFEST
 //! ```
-//! Rank files are built without the engine's shape guard (test-scale checkpoints).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use spark_deploy_core::engine::tensorfold::inputs::{
-    RankCacheOptions, VerifyLevel, bias_vl, build_rank_cache, kit, model_config::ModelConfig,
-    plan_rank_cache, rope, token_map, verify_rank_cache,
+    bias_vl, kit, model_config::ModelConfig, rope, token_map,
 };
 use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate, generate_sparse_model};
 
@@ -77,53 +74,6 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         "verify-kit" => {
             let n = kit::verify_kit(Path::new(arg(1)?))?;
             println!("kit OK: {n} files match MANIFEST");
-        }
-        "rank-cache" => {
-            let mut opts = RankCacheOptions {
-                engine_shape_guard: false,
-                ..RankCacheOptions::default()
-            };
-            let mut throttle = 0u64;
-            let mut i = 6;
-            while i < args.len() {
-                match args[i].as_str() {
-                    "--chunk" => opts.chunk_bytes = arg(i + 1)?.parse()?,
-                    "--throttle-ms" => throttle = arg(i + 1)?.parse()?,
-                    "--overlay" => opts.overlay = Some(arg(i + 1)?.into()),
-                    other => return Err(format!("unknown option {other}").into()),
-                }
-                i += 2;
-            }
-            if throttle > 0 {
-                opts.threads = 1;
-            }
-            let (model, out) = (Path::new(arg(2)?), Path::new(arg(3)?));
-            let (rank, world): (usize, usize) = (arg(4)?.parse()?, arg(5)?.parse()?);
-            let plan = plan_rank_cache(model, rank, world, &opts)?;
-            let mut progress = |_: &_| {
-                std::thread::sleep(std::time::Duration::from_millis(throttle));
-                Ok(())
-            };
-            match arg(1)? {
-                "index-only" => {
-                    println!("{}", plan.index_json);
-                    println!("{}", plan.file_name);
-                }
-                "build" => {
-                    let f = build_rank_cache(&plan, out, &opts, &mut progress)?;
-                    println!("{}", plan.summary_json(&f));
-                }
-                "verify" | "verify-bytes" => {
-                    let level = if arg(1)? == "verify" {
-                        VerifyLevel::Index
-                    } else {
-                        VerifyLevel::Bytes
-                    };
-                    let f = verify_rank_cache(&plan, out, level, &opts, &mut progress)?;
-                    println!("{} OK", f.display());
-                }
-                other => return Err(format!("unknown rank-cache command {other}").into()),
-            }
         }
         other => return Err(format!("unknown command {other}").into()),
     }

@@ -1,4 +1,4 @@
-//! Test-scale dsv41 checkpoint generator (TESTBED.md, issue 3 item 2).
+//! Test-scale dsv41 checkpoint generator (docs/testbed.md, "Fixtures").
 //!
 //! [`generate`] writes three directories under `out_dir`, deterministic from the spec's seed:
 //! - `model/`: the EXL3 export as TensorFold reads it — the real tensor names, dtypes and EXL3
@@ -192,7 +192,7 @@ impl CheckpointSpec {
         }
     }
 
-    /// The real DeepSeek-V4.1-Flash shapes (ENGINE-CONTRACT.md §5.1a; passes the engine's shape
+    /// The real DeepSeek-V4.1-Flash shapes (its `config.json` dimensions; passes the engine's shape
     /// guard), with 3-bit trellises. Only for [`generate_sparse_model`]: the shards would be
     /// about 200 GiB.
     #[must_use]
@@ -353,7 +353,7 @@ fn write_json(path: &Path, v: &Value) -> Result<(), CheckpointError> {
     std::fs::write(path, text).map_err(io_err(path))
 }
 
-/// `config.json` of the EXL3 export (the real field names of ENGINE-CONTRACT.md §5.1a).
+/// `config.json` of the EXL3 export, with the real field names the engine reads.
 fn model_config(s: &CheckpointSpec, compressed: usize, image_token: usize) -> Value {
     json!({
         "architectures": ["DeepseekV41ForCausalLM"],

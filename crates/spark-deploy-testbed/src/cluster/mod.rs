@@ -1,4 +1,4 @@
-//! The testbed cluster: two (or more) Sparks on one machine (see `TESTBED.md`).
+//! The testbed cluster: two (or more) Sparks on one machine (docs/testbed.md).
 //!
 //! [`up`] builds, on the local Docker daemon:
 //!

@@ -1,12 +1,12 @@
 //! The two command lines of the dsv41 engine, parsed as strictly (and as weakly) as the engine
-//! parses them (ENGINE-CONTRACT.md §2.3–§2.9).
+//! parses them (the launch lines of docs/engine-contract.md).
 //!
 //! - Rank 0: `tensorfold-native serve MODEL_DIR [flags]` plus the `TF_TP_*` / `TF_DS_*` /
 //!   `TENSORFOLD_*` environment. A flag the native engine does not serve exits 2 with
-//!   "… is not served by the native engine yet" (§2.6).
+//!   "… is not served by the native engine yet".
 //! - Rank 1: `tf-dsv41-lanes MODEL CACHE RANK WORLD MASTER PORT KIT [--key value ...]`. An unknown
 //!   key fails with `error.BadArgument` (exit 1); a dangling last key is silently ignored, as the
-//!   engine's loop only reads pairs with `ai + 1 < len` (§2.7).
+//!   engine's loop only reads pairs with `ai + 1 < len`.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -70,7 +70,7 @@ impl ArgsError {
     }
 }
 
-/// Rank 0's serve flags (§2.6) that the stand-in uses or records.
+/// Rank 0's serve flags that the stand-in uses or records.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rank0Args {
     /// `serve MODEL_DIR`.
@@ -87,7 +87,7 @@ pub struct Rank0Args {
     pub api_key: Option<String>,
     /// `--api-key-file` (`label: key` lines).
     pub api_key_file: Option<PathBuf>,
-    /// `--context`: the shared pool of positions (§13.1).
+    /// `--context`: the shared pool of positions of all streams together.
     pub context: u64,
     /// `--parallel` (`None` = `auto`).
     pub parallel: Option<u32>,
@@ -105,11 +105,11 @@ pub struct Rank0Args {
     pub backend: String,
     /// Every other accepted flag, recorded as given (`--temperature`, `--top-p`, ...).
     pub recorded: Vec<(String, Option<String>)>,
-    /// The environment (§2.5).
+    /// The environment (`TF_TP_*`, `TF_DS_*`, ...).
     pub env: Rank0Env,
 }
 
-/// Rank 0's environment (§2.5).
+/// Rank 0's environment: its inputs and the rendezvous address.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rank0Env {
     /// `TF_TP_WORLD` (only 2 is emulated).
@@ -140,7 +140,7 @@ pub struct Rank0Env {
     pub engine_vars: Vec<(String, String)>,
 }
 
-/// Rank 1's command line (§2.7).
+/// Rank 1's command line: positional `MODEL CACHE RANK WORLD MASTER PORT KIT`, then `--key value`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rank1Args {
     /// `MODEL_DIR`.
@@ -173,7 +173,7 @@ pub struct Rank1Args {
     pub pairs: Vec<(String, String)>,
 }
 
-/// `defaultArenaGib(pool)` (§13.2).
+/// The engine's default device arena for a pool, in GiB (`defaultArenaGib(pool)`).
 #[must_use]
 pub fn default_arena_gib(pool: u64) -> u64 {
     2 + (7 * pool).div_ceil(1 << 19)
@@ -398,7 +398,7 @@ fn env_flag_u32(
     }
 }
 
-/// The TP=2 kit's recorded Triton variants (§8.5): 16-row rounds and at most 4 pool streams.
+/// The TP=2 kit's recorded Triton variants: 16-row rounds and at most 4 pool streams.
 /// `TF_DS_ROUND_ROWS` and `TF_DS_STREAMS` are read from the environment on **both** ranks; other
 /// values fail with `MissingTritonVariant` (the stand-in fails at start, where the engine fails
 /// at its first launch of the missing variant).

@@ -1,9 +1,10 @@
-//! The inputs both ranks load and check before they meet (ENGINE-CONTRACT.md §3, §5.1a, §6–§10):
-//! `config.json`, `tokenizer.json`, the token map, the kernel kit, the Engram tables, and the
-//! safetensors headers of the checkpoint (for the split proof's full computation).
+//! The inputs both ranks load and check before they meet (docs/engine-contract.md, "What each
+//! rank reads"): `config.json`, `tokenizer.json`, the token map, the kernel kit, the Engram tables,
+//! and the safetensors headers of the checkpoint (for the split proof's full computation).
 //!
-//! The stand-in does **not** run the engine's config shape guard (§5.6): it serves test-scale
-//! checkpoints. It does require every `config.json` field of §5.1a.
+//! The stand-in does **not** run the engine's config shape guard (the real model's dimensions): it
+//! serves test-scale checkpoints. It does require every `config.json` field the engine reads
+//! (`REQUIRED`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -71,7 +72,7 @@ pub struct ModelConfig {
     pub model_type: String,
 }
 
-/// The §5.1a fields, all required (read from `text_config` or the top level).
+/// The `config.json` fields the engine reads, all required (from `text_config` or the top level).
 const REQUIRED: &[&str] = &[
     "num_hidden_layers",
     "num_nextn_predict_layers",
@@ -260,7 +261,7 @@ pub fn tokenizer_vocab_size(model_dir: &Path) -> Result<usize, InputsError> {
     Ok(toks.len())
 }
 
-/// Reads the token map (§6): a JSON list of ints, one per token id (vocabulary including added
+/// Reads the token map: a JSON list of ints, one per token id (vocabulary including added
 /// tokens), each a compressed id below `engram_compressed_vocab_size`. 64 MiB limit.
 ///
 /// # Errors
@@ -325,7 +326,7 @@ const ROPE_FILES: [&str; 4] = [
     "rope-compressed-sin.f32",
 ];
 
-/// Checks the kernel kit (§7–§9): the four RoPE tables with at least `pool + 49` rows of
+/// Checks the kernel kit: the four RoPE tables with at least `pool + 49` rows of
 /// `rope_dim / 2` fp32, `engram.json` with one multiplier row per Engram layer, the recorded
 /// Triton set `aot.json` in `kernels`, and `vision/gate_bias_vl.safetensors` when the config has
 /// `vision_config`.
@@ -427,7 +428,7 @@ pub fn check_kit(
     })
 }
 
-/// Checks the Engram tables directory (§10.2): every `*.safetensors` (symlinks followed) is
+/// Checks the Engram tables directory: every `*.safetensors` (symlinks followed) is
 /// parsed; tensors ending in `engram.embed.weight` / `engram.embed.scale` are keyed by the layer
 /// id in `layers.<id>.`; both must exist for every Engram layer, with equal row counts.
 ///

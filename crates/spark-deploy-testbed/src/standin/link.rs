@@ -1,5 +1,5 @@
-//! The link between the ranks (ENGINE-CONTRACT.md §12): one TCP connection with `TCP_NODELAY`,
-//! u32-LE length-prefixed frames `[kind u8][step u64 LE][fields]`.
+//! The link between the ranks (docs/engine-contract.md, "Rendezvous"): one TCP connection with
+//! `TCP_NODELAY`, u32-LE length-prefixed frames `[kind u8][step u64 LE][fields]`.
 //!
 //! Rank 0 binds `TF_TP_MASTER:TF_TP_PORT`, accepts once with no timeout and closes the listener.
 //! Rank 1 retries its connect every 250 ms for a bounded time (300 s, or

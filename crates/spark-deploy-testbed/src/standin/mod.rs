@@ -1,4 +1,4 @@
-//! The engine stand-in (TESTBED.md "The engine stand-in"; issue 3 item 4).
+//! The engine stand-in: the testbed's `tensorfold-native` and `tf-dsv41-lanes` (docs/testbed.md).
 //!
 //! One binary (`tf-standin`) installed under the engine's two names; [`run`] dispatches on the
 //! base name of `argv[0]`:
@@ -25,9 +25,9 @@
 //!   [`locate_binary`]) and put it in an engine dir under both names with
 //!   [`install_engine_dir`] (`tensorfold-native`, `tf-dsv41-lanes`); mount that dir at `/engine`.
 //! - Image: `docker import` the tar of [`rootfs_tar`] (loader + the libraries `ldd` lists, `/tmp`)
-//!   or of [`rootfs_tar_with`]`(bin, SHELL_PROGRAMS)`, which adds `bash` and `tee` so the
-//!   profile's `bash -c "( CMD ) 2>&1 | tee /logs/NAME.log"` wrapper runs unchanged.
-//! - Command lines and env: exactly ENGINE-CONTRACT.md §2.9 (paths inside the containers).
+//!   or of [`rootfs_tar_with`]`(bin, SHELL_PROGRAMS)`, which adds `bash` and `tee` so the bash
+//!   recipe's `bash -c "( CMD ) 2>&1 | tee /logs/NAME.log"` container command runs unchanged.
+//! - Command lines and env: exactly the engine's (docs/engine-contract.md, "Launch lines").
 //!   Test-scale knobs: `TF_STANDIN_CONNECT_TIMEOUT_S` (rank 1), `TF_STANDIN_PROOF` (both).
 //!
 //! # Behaviour decisions where the contract is silent
@@ -35,14 +35,14 @@
 //! - Errors before serving/following: one stderr line `error.<Name>: <context>`, exit 1 (exit 2
 //!   for rank-0 usage errors and unserved flags). Names used beyond the contract's: `NoTpMaster`,
 //!   `BadIp`, `BadPort`, `BadEnvironment`, `BadConfig`, `UnsupportedModel`, `NoTokenizer`,
-//!   `BadTokenMap`, `NoRopeTables`, `RopeTableTooShort` (pool + 49 rows, §7), `BadEngramJson`,
+//!   `BadTokenMap`, `NoRopeTables`, `RopeTableTooShort` (pool + 49 rows), `BadEngramJson`,
 //!   `NoKernelImages` (no `aot.json`), `NoVisionBias`, `EngramRowsDiffer`, `BadRankCache`,
 //!   `MissingTensor`, `BadApiKeyFile`, `BindFailed`, `AddressInUse`.
 //! - `ConnectFailed` goes to stderr only (it happens before following); rank 1's
 //!   `{"rank": 1, "follow": …}` lines are for errors while following.
 //! - Rank 0 prints two stand-in lines on stdout: `{"rank": 0, "loaded_s", "pool", "rendezvous"}`
 //!   (SIGTERM is handled from then on) and `{"rank": 0, "serving", "split_proof"}`. HTTP opens
-//!   only after the rendezvous and the proof (the engine's order is open, §15.5).
+//!   only after the rendezvous and the proof (whether the engine opens it earlier is not known).
 //! - Different RDMA device counts (`TF_RDMA_DEVICES` vs `--rdma`, empty = none) stop both
 //!   ranks with `error.BadInfo` right after the rendezvous (`rdma.zig connect`); the stand-in
 //!   also treats "RDMA on one rank only" as `BadInfo` (the engine would hang in the QP exchange).
@@ -51,8 +51,9 @@
 //!   a smaller one goes unnoticed. Drafts, kit, token map and Engram mismatches are not checked.
 //! - Not emulated: rank-0 gate mode of `tf-dsv41-lanes`, TP=4 (`NotPortedYet`), NCCL/RDMA,
 //!   `follow_refused`, `/v1/completions`, `/v1/responses`, `/v1/messages`, tokenize routes (404),
-//!   non-PNG images (400: the image has no python3/Pillow), the config shape guard (§5.6;
-//!   test-scale checkpoints must pass), kit `MANIFEST` verification (not done by the engine).
+//!   non-PNG images (400: the image has no python3/Pillow), the config shape guard (the real
+//!   model's dimensions; test-scale checkpoints must pass), kit `MANIFEST` verification (not done
+//!   by the engine).
 
 pub mod args;
 pub mod inputs;

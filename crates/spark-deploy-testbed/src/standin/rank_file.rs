@@ -1,5 +1,5 @@
-//! The stand-in's own TFDSRK01 reader (ENGINE-CONTRACT.md §4), written from the contract and
-//! independent of any writer in this workspace.
+//! The stand-in's own TFDSRK01 reader (docs/engine-contract.md, "The rank file"), written from the
+//! format and independent of any writer in this workspace.
 //!
 //! Discovery: exactly one **regular** file named `rank{R}of{W}-*.bin` in the cache directory
 //! (symlinks are invisible). Reading: magic, footer, JSON index, back-to-back rows, sizes, unique
@@ -35,7 +35,7 @@ pub enum RankFileError {
         /// The matches.
         files: Vec<String>,
     },
-    /// The file breaks a §4.2 rule, or its name does not match its index hash.
+    /// The file breaks a reader rule, or its name does not match its index hash.
     #[error("error.BadRankCache: {path}: {problem}")]
     BadRankCache {
         /// The file.
@@ -110,7 +110,7 @@ impl Entry {
     }
 }
 
-/// Bytes of one element of a torch dtype name (§4.2).
+/// Bytes of one element of a torch dtype name as the index spells it.
 #[must_use]
 pub fn dtype_size(name: &str) -> Option<u64> {
     Some(match name {
@@ -172,7 +172,7 @@ const MAGIC: &[u8; 8] = b"TFDSRK01";
 const MAX_INDEX: u64 = 1 << 30;
 
 impl RankFile {
-    /// Opens and checks a rank file (§4.2 rules and the name hash of §4.3).
+    /// Opens and checks a rank file (the reader rules, and the name's hash of the index).
     ///
     /// # Errors
     /// [`RankFileError::BadRankCache`] naming the broken rule, [`RankFileError::Io`].

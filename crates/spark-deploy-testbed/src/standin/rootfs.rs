@@ -140,8 +140,8 @@ pub fn rootfs_tar(binary: &Path) -> io::Result<Vec<u8>> {
     rootfs_tar_with(binary, &[])
 }
 
-/// The host programs that make the engine profile's container command work unchanged:
-/// `bash -c "( CMD ) 2>&1 | tee /logs/NAME.log"` (ENGINE-CONTRACT.md §2.2).
+/// The host programs that make the bash recipe's container command work unchanged:
+/// `bash -c "( CMD ) 2>&1 | tee /logs/NAME.log"`.
 pub const SHELL_PROGRAMS: &[&str] = &["/usr/bin/bash", "/usr/bin/tee"];
 
 fn read(p: &Path) -> io::Result<Vec<u8>> {

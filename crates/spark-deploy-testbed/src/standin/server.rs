@@ -1,4 +1,4 @@
-//! Rank 0's HTTP API (ENGINE-CONTRACT.md §11) on axum: `GET /v1/models` (any path ending in
+//! Rank 0's HTTP API on axum: `GET /v1/models` (any path ending in
 //! `/models`), `GET /health` (open even with API keys), `GET /metrics` / `/v1/metrics`
 //! (Prometheus text), `POST /v1/chat/completions` (JSON and SSE).
 //!
@@ -14,7 +14,7 @@
 //! Token counting (tokenizer-free, documented approximation): prompt tokens =
 //! ceil(text bytes of all messages / 4) + 256 per image; reply tokens = ceil(bytes / 4). A request
 //! whose extent `alignUp(prompt + max_tokens + 16 + 2, 2048)` exceeds the pool is refused with
-//! 400 `context_length_exceeded` (§13.1).
+//! 400 `context_length_exceeded`, as the engine refuses a request that cannot fit the pool.
 //!
 //! Every chat request sends one frame to rank 1 and waits for its ack: a dead rank 1 fails every
 //! request with `PeerDown` (500, or an SSE error event then `[DONE]`) while `/health` stays ok.

@@ -1,7 +1,7 @@
 //! The split proof: each rank computes a partial product from **its** rank file, rank 1 ships its
 //! partials over the link, rank 0 combines them (columns: concatenate in rank order; rows:
 //! elementwise sum) and compares with the same product over the **full** tensor read from the
-//! checkpoint in `MODEL_DIR` (ENGINE-CONTRACT.md §5.2–§5.4).
+//! checkpoint in `MODEL_DIR` (the split of docs/engine-contract.md, "Which entries").
 //!
 //! A trellis `[K/16, N/16, 16·bits]` is read as an integer matrix `W` with `K/16` rows and
 //! `N/16 · 16·bits` columns; the product is `y = xᵀW` with a fixed `x` of length `K/16`
