@@ -112,7 +112,7 @@ fn main() -> ExitCode {
             if verify_only {
                 commands::run::Which::FetchVerifyOnly
             } else {
-                commands::run::Which::Only(&[spark_deploy_core::plan::StepKind::FetchCheckpoint])
+                commands::run::Which::Fetch
             },
         ),
         Command::RankCache(args) => commands::rank_cache::run(args)

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{NodeConfig, ValidatedConfig};
 
-/// Per-node facts the launch needs (ENGINE-CONTRACT.md §12.4).
+/// Per-node facts the launch needs (the fabric environment of docs/engine-contract.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeFacts {
     /// Node name.

@@ -4,11 +4,10 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use spark_deploy_core::config::ValidatedConfig;
-use spark_deploy_core::engine::tensorfold::launch::container_name;
+use spark_deploy_core::container::rank_container_name;
 use spark_deploy_core::event::Event;
-use spark_deploy_core::plan::{Plan as CorePlan, Step};
+use spark_deploy_core::plan::{Plan as CorePlan, Verb};
 use spark_deploy_core::run::Context;
-use spark_deploy_core::steps::Preflight;
 
 use crate::Config;
 use crate::events;
@@ -73,7 +72,7 @@ impl Deployment {
     ) -> PyResult<Bound<'py, PyAny>> {
         run_plan(
             py,
-            &CorePlan::standard(&self.validated),
+            &CorePlan::for_verb(&self.validated, Verb::Up),
             on_event.as_ref(),
             None,
         )
@@ -96,10 +95,7 @@ impl Deployment {
         py: Python<'py>,
         on_event: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let plan = CorePlan::from_steps(
-            &self.validated,
-            vec![Step::Preflight(Preflight::new(&self.validated))],
-        );
+        let plan = CorePlan::for_verb(&self.validated, Verb::Preflight);
         run_plan(py, &plan, on_event.as_ref(), None)
     }
 
@@ -121,7 +117,7 @@ impl Deployment {
     ) -> PyResult<Bound<'py, PyAny>> {
         run_plan(
             py,
-            &CorePlan::teardown(&self.validated),
+            &CorePlan::for_verb(&self.validated, Verb::Down),
             on_event.as_ref(),
             None,
         )
@@ -148,7 +144,7 @@ impl Deployment {
     ) -> PyResult<Bound<'py, PyAny>> {
         run_plan(
             py,
-            &CorePlan::restart(&self.validated),
+            &CorePlan::for_verb(&self.validated, Verb::Restart),
             on_event.as_ref(),
             None,
         )
@@ -237,7 +233,7 @@ impl Deployment {
         }
         let bytes = events::block(py, async move {
             let ctx = Context::new(config.clone(), Arc::new(|_: Event| {}));
-            let container = container_name(&config.config().deployment.name, rank);
+            let container = rank_container_name(&config.config().deployment.name, index);
             let docker = ctx.docker(index).await?;
             if docker.inspect_container(&container).await?.is_none() {
                 return Ok(Vec::new());

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use spark_deploy_core::plan::{Plan, Step, StepKind};
+use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::run::{Context, RunError};
 
 use super::Global;
@@ -10,22 +10,7 @@ use crate::events::TerminalSink;
 use crate::exit::{Failure, PREFLIGHT, RUNTIME};
 use crate::render;
 
-/// Which steps a command runs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Which {
-    /// The standard plan.
-    Up,
-    /// Teardown.
-    Down,
-    /// Validate, then stop both ranks and start both (the launch compares the fingerprint anew).
-    Restart,
-    /// Every preflight check, also while the deployment runs.
-    Preflight,
-    /// FetchCheckpoint in verify-only mode (no network).
-    FetchVerifyOnly,
-    /// Only these steps of the standard plan.
-    Only(&'static [StepKind]),
-}
+pub(crate) use spark_deploy_core::plan::Verb as Which;
 
 fn failure(e: &RunError) -> Failure {
     let code = if e.failure.step == StepKind::Preflight {
@@ -35,7 +20,7 @@ fn failure(e: &RunError) -> Failure {
     };
     Failure {
         code,
-        message: e.failure.to_string(),
+        message: format!("{}: {}", e.failure, e.failure.chain()),
         remedy: e.failure.remedy.clone(),
     }
 }
@@ -43,32 +28,7 @@ fn failure(e: &RunError) -> Failure {
 pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
     let config = global.load()?;
     render::warnings(config.warnings());
-    let plan = match which {
-        Which::Up => Plan::standard(&config),
-        Which::Down => Plan::teardown(&config),
-        Which::Restart => Plan::restart(&config),
-        Which::FetchVerifyOnly => Plan::from_steps(
-            &config,
-            vec![Step::FetchCheckpoint(
-                spark_deploy_core::steps::FetchCheckpoint::new(&config).verify_only(),
-            )],
-        ),
-        Which::Preflight => Plan::from_steps(
-            &config,
-            vec![Step::Preflight(spark_deploy_core::steps::Preflight::new(
-                &config,
-            ))],
-        ),
-        Which::Only(kinds) => {
-            let steps: Vec<Step> = Plan::standard(&config)
-                .steps()
-                .iter()
-                .filter(|s| kinds.contains(&s.kind()))
-                .cloned()
-                .collect();
-            Plan::from_steps(&config, steps)
-        }
-    };
+    let plan = Plan::for_verb(&config, which);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,6 +1,6 @@
 //! The engine image's build context, generated from the config, and its content identity.
 //!
-//! The image is a thin layer `FROM` the qualified base (ENGINE-CONTRACT.md §1.5: keep the base's
+//! The image is a thin layer `FROM` the qualified base (keep the base's
 //! layers byte-identical to the container the kit was captured in) that carries the patch files
 //! and the engine commit. Its identity is the content label: sha256 over the base reference and
 //! the base's image ID on the head (a re-imported or updated base is another base), the engine

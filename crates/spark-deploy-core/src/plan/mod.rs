@@ -1,6 +1,6 @@
 //! The plan is data: an ordered list of typed steps computed before any side effect.
 //!
-//! [`Plan::standard`] composes the deployment of ARCHITECTURE.md: Preflight → FetchCheckpoint →
+//! [`Plan::standard`] composes the whole deployment (docs/architecture.md): Preflight → FetchCheckpoint →
 //! BuildRankCache → ConfigureWorkerStorage → BuildImage → LaunchRank → Smoke. Every step can
 //! [`Step::describe`] what it will do on which node; `spark-deploy plan` prints exactly that and
 //! touches nothing (no network, no Docker, no worker). Library users compose their own plans from the
@@ -79,6 +79,25 @@ impl Step {
     }
 }
 
+/// What a user asks for, by command (`spark-deploy <verb>`, `Deployment.<verb>()` in Python):
+/// the one mapping from verbs to plans, [`Plan::for_verb`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verb {
+    /// The standard plan, every step skipped whose work is done.
+    Up,
+    /// Stop every rank, rank 0 first, saving logs.
+    Down,
+    /// Stop every rank, then the standard plan.
+    Restart,
+    /// Every preflight check, also while the deployment runs.
+    Preflight,
+    /// Download the checkpoint, Engram shards and kit.
+    Fetch,
+    /// Check the cache only, with no network.
+    FetchVerifyOnly,
+}
+
 /// An ordered list of steps for one deployment, and the engine they deploy.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -143,6 +162,29 @@ impl Plan {
             StepKind::LaunchRank => Step::LaunchRank(LaunchRank::new(engine, config, &facts)),
             StepKind::Smoke => Step::Smoke(Smoke::new(engine, config)),
             StepKind::Stop => Step::Stop(Stop::new(config)),
+        }
+    }
+
+    /// The plan of `verb` for `config` with the configured engine.
+    #[must_use]
+    pub fn for_verb(config: &ValidatedConfig, verb: Verb) -> Self {
+        match verb {
+            Verb::Up => Self::standard(config),
+            Verb::Down => Self::teardown(config),
+            Verb::Restart => Self::restart(config),
+            Verb::Preflight => {
+                Self::from_steps(config, vec![Step::Preflight(Preflight::new(config))])
+            }
+            Verb::Fetch => Self::from_steps(
+                config,
+                vec![Step::FetchCheckpoint(FetchCheckpoint::new(config))],
+            ),
+            Verb::FetchVerifyOnly => Self::from_steps(
+                config,
+                vec![Step::FetchCheckpoint(
+                    FetchCheckpoint::new(config).verify_only(),
+                )],
+            ),
         }
     }
 

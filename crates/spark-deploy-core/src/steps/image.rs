@@ -165,12 +165,25 @@ impl BuildImage {
                 )
             })?;
         let context = ImageContext::new(&self.base_image, &base_id, &self.commit, &self.patches)
-            .map_err(|e| fail(Box::new(e), "see the message".into()))?;
+            .map_err(|e| {
+                fail(
+                    Box::new(e),
+                    "every file in engine.patches must exist and be readable on the head".into(),
+                )
+            })?;
         let mut work = Vec::new();
         let built = self
             .build_on_head(ctx, hd, &context)
             .await
-            .map_err(|e| fail(e, "see the message".into()))?;
+            .map_err(|e| {
+                fail(
+                    e,
+                    format!(
+                        "the build runs FROM {} on {}'s Docker: fix what the build output names (a patch, the base), then run `spark-deploy up` again",
+                        self.base_image, head.node
+                    ),
+                )
+            })?;
         if built {
             work.push(format!("built {} on {}", head.image, head.node));
         }
@@ -210,8 +223,13 @@ impl BuildImage {
         // `nfs` mode: the worker's volume is mounted from a container of this image.
         super::storage::verify_nfs_mounts(ctx, engine)
             .await
-            .map_err(|e| fail(e, "see the message".into()))?;
-        let short = &context.content[..12];
+            .map_err(|e| {
+                fail(
+                    e,
+                    "the worker must mount the head's export: check /etc/exports on the head (`exportfs -v`) and that the worker reaches the head's fabric address, or set deployment.worker_storage = \"copy\"".into(),
+                )
+            })?;
+        let short: String = context.content.chars().take(12).collect();
         if work.is_empty() {
             return Ok(Outcome::Skipped {
                 reason: format!(

@@ -1,4 +1,4 @@
-//! NFS mode of ConfigureWorkerStorage (RECIPE.md §2.8): the head exports its HF cache read-only to
+//! NFS mode of ConfigureWorkerStorage (as the bash recipe sets it up): the head exports its HF cache read-only to
 //! the worker's fabric address; the worker gets a Docker `local` volume of type `nfs` created
 //! through its own Docker (over SSH) with the seed's options; a throwaway container of the engine
 //! image on the worker mounts it (the mount happens at container start) and lists the snapshot,
@@ -142,7 +142,7 @@ fn host_matches(host: &str, client: Ipv4Addr) -> bool {
     false
 }
 
-/// Whether an existing volume carries the wanted device and server (RECIPE.md §2.8: the device
+/// Whether an existing volume carries the wanted device and server (the device
 /// must match and `o` contain `addr=<server>,`).
 ///
 /// # Errors

@@ -98,14 +98,14 @@ impl Smoke {
         let fail = |e: SmokeError| {
             let remedy = match &e {
                 SmokeError::Timeout { .. } => {
-                    "raise lifecycle.ready_timeout_s if the ranks were still loading; otherwise read the rank logs (`spark-deploy logs`)"
+                    "every rank was stopped and its log saved under <data_dir>/logs/<deployment>/ on its node: if the ranks were still loading, raise lifecycle.ready_timeout_s; otherwise fix what the logs name"
                 }
                 SmokeError::ApiKey(_) => {
                     "run `spark-deploy up` again: it writes the API key file before the launch"
                 }
                 SmokeError::Cancelled => "run `spark-deploy up` again when ready",
                 SmokeError::Probe(_) => {
-                    "read the rank logs saved by the stop (`spark-deploy logs`), fix the cause, then `spark-deploy up`"
+                    "every rank was stopped and its log saved gzipped on its node under <data_dir>/logs/<deployment>/ (the newest *.log.gz); fix what it names, then run `spark-deploy up`"
                 }
             };
             let (node, rank) = match &e {

@@ -1,4 +1,4 @@
-//! The cross-rank fingerprint (ENGINE-CONTRACT.md §2.8, §12.6): the engine never checks that both
+//! The cross-rank fingerprint (docs/engine-contract.md, "What both ranks must agree on"): the engine never checks that both
 //! ranks agree, so spark-deploy extracts every setting that must match from each rank's container
 //! spec and input identities, compares them field by field, and refuses to launch on any difference.
 

@@ -1,8 +1,8 @@
-//! The two ranks' containers: argv, env and mounts exactly as ENGINE-CONTRACT.md §2.2–§2.9 give them.
+//! The two ranks' containers: argv, env and mounts exactly as the engine takes them (docs/engine-contract.md, "Launch lines").
 //!
 //! Rank 1 (`tf-dsv41-lanes`) takes positional `MODEL CACHE RANK WORLD MASTER PORT KIT` then
 //! `--key value` pairs; rank 0 (`tensorfold-native serve`) takes its inputs from the environment.
-//! Every value both ranks must agree on (§2.8) is computed once in `Shared` and rendered into
+//! Every value both ranks must agree on is computed once in `Shared` and rendered into
 //! both, so the pair cannot drift.
 
 use std::collections::BTreeMap;
@@ -36,7 +36,7 @@ fn flag(on: bool) -> String {
     if on { "1" } else { "0" }.to_owned()
 }
 
-/// Values both ranks must carry identically (ENGINE-CONTRACT.md §2.8).
+/// Values both ranks must carry identically (the engine never compares them).
 struct Shared {
     model_dir: String,
     master: String,
@@ -74,7 +74,7 @@ impl Shared {
     }
 }
 
-/// Per-node fabric environment (§12.4): these legitimately differ between nodes.
+/// Per-node fabric environment (netdev, RoCE devices, GID index): these legitimately differ between nodes.
 fn fabric_env(f: &NodeFacts, env: &mut BTreeMap<String, String>) {
     env.insert("NCCL_SOCKET_IFNAME".to_owned(), f.netdev.clone());
     if let Some(devs) = &f.rdma_devices {
@@ -198,7 +198,7 @@ pub fn container_name(name: &str, rank: u32) -> String {
     crate::container::rank_container_name(name, rank as usize)
 }
 
-/// Rank 0: `tensorfold-native serve` with its inputs in the environment (§2.4, §2.5, §2.9).
+/// Rank 0: `tensorfold-native serve` with its inputs in the environment.
 fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> ContainerSpec {
     let c = config.config();
     let s = &c.serving;
@@ -263,7 +263,7 @@ fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> 
     base_spec(config, 0, f, argv, env)
 }
 
-/// Rank r ≥ 1: `tf-dsv41-lanes MODEL CACHE RANK WORLD MASTER PORT KIT --key value ...` (§2.7, §2.9).
+/// Rank r ≥ 1: `tf-dsv41-lanes MODEL CACHE RANK WORLD MASTER PORT KIT --key value ...`.
 fn follower(
     config: &ValidatedConfig,
     facts: &DeploymentFacts,

@@ -226,7 +226,7 @@ impl RankInputs {
                         });
                         Ok(())
                     };
-                    let file = build_rank_cache(&plan, &out, &opts, &mut progress).map_err(|e| (Box::new(e) as BoxError, "see the message; a partial file is never left under its final name"))?;
+                    let file = build_rank_cache(&plan, &out, &opts, &mut progress).map_err(|e| (Box::new(e) as BoxError, "check the disk space and permissions of the inputs directory on the head, then run `spark-deploy up` again (a partial file is never left under its final name)"))?;
                     built += plan.file_len();
                     notes.push(format!("rank {rank}: built {}", file.display()));
                 }
