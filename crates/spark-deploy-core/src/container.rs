@@ -35,7 +35,7 @@ pub struct ContainerSpec {
     /// Node the container runs on.
     pub node: String,
     /// Tensor-parallel rank.
-    pub rank: u32,
+    pub rank: Rank,
     /// Container name.
     pub name: String,
     /// Image reference.
@@ -85,8 +85,12 @@ pub mod labels {
     pub const ENGINE_COMMIT: &str = "io.spark-deploy.engine-commit";
 }
 
+/// A tensor-parallel rank: the index of its node in `nodes` (0 = the head, serving the API). One
+/// type everywhere a rank is named (specs, plans, errors, events, Python).
+pub type Rank = usize;
+
 /// The container name of `rank` in deployment `name` (`dsv41-rank0`).
 #[must_use]
-pub fn rank_container_name(name: &str, rank: usize) -> String {
+pub fn rank_container_name(name: &str, rank: Rank) -> String {
     format!("{name}-rank{rank}")
 }

@@ -83,7 +83,7 @@ pub(crate) fn step_name(kind: StepKind) -> String {
 /// Maps a failed run to the exception of its failed step, with `step`, `error`, `remedy` and
 /// `report` (the step dicts so far, as a `Report`).
 pub(crate) fn run_error(py: Python<'_>, e: &RunError) -> PyResult<PyErr> {
-    let message = format!("{}: {}", e.failure, e.failure.chain());
+    let message = e.to_string();
     let err = match e.failure.step {
         StepKind::Preflight => PreflightError::new_err(message),
         StepKind::FetchCheckpoint => FetchError::new_err(message),

@@ -73,10 +73,10 @@ impl Engine for BashPair {
                 );
                 ContainerSpec {
                     node: node.name.clone(),
-                    rank: u32::try_from(rank).unwrap_or(u32::MAX),
+                    rank,
                     name: rank_container_name(&c.deployment.name, rank),
                     image: NodeLayout::of(config, node).image,
-                    argv: vec!["/bin/bash".into(), "-c".into(), script],
+                    argv: vec!["/usr/bin/bash".into(), "-c".into(), script],
                     env: BTreeMap::new(),
                     mounts: Vec::new(),
                     network_mode: node.network_mode.clone(),
@@ -244,13 +244,12 @@ async fn testbed_a_second_engine_profile_runs_the_standard_plan() {
             .ok_or("no LaunchRank in the plan")?;
         let text = serde_json::to_string(launch)?;
         assert!(
-            text.contains("/bin/bash") && !text.contains("tensorfold-native"),
+            text.contains("/usr/bin/bash") && !text.contains("tensorfold-native"),
             "{text}"
         );
         let report = plan.run(&ctx).await.map_err(|e| {
             format!(
-                "{e}: {}\n{:#?}",
-                e.failure.chain(),
+                "{e}\n{:#?}",
                 rec.events().iter().rev().take(10).collect::<Vec<_>>()
             )
         });

@@ -43,7 +43,7 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
                 render::note(&format!("stop it with: spark-deploy --config {} down; then spark-deploy testbed down", path.display()));
                 Ok(())
             }
-            Err(e) => Err(Failure { code: RUNTIME, message: format!("{}: {}", e.failure, e.failure.chain()), remedy: e.failure.remedy.clone() }),
+            Err(e) => Err(Failure { code: RUNTIME, message: e.to_string(), remedy: e.failure.remedy.clone() }),
         }
     })
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use clap::Args;
-use spark_deploy_core::engine::tensorfold::launch::container_name;
+use spark_deploy_core::container::rank_container_name;
 use spark_deploy_core::event::Recorder;
 use spark_deploy_core::lifecycle::status::status;
 use spark_deploy_core::run::Context;
@@ -75,7 +75,7 @@ pub(crate) fn run_logs(global: &Global, args: &LogsArgs) -> Result<(), Failure> 
             if args.rank.is_some_and(|r| r != rank) {
                 continue;
             }
-            let name = container_name(&c.deployment.name, u32::try_from(rank).unwrap_or(u32::MAX));
+            let name = rank_container_name(&c.deployment.name, rank);
             let docker = ctx
                 .docker(rank)
                 .await

@@ -20,7 +20,7 @@ fn failure(e: &RunError) -> Failure {
     };
     Failure {
         code,
-        message: format!("{}: {}", e.failure, e.failure.chain()),
+        message: e.to_string(),
         remedy: e.failure.remedy.clone(),
     }
 }

@@ -106,7 +106,7 @@ pub enum FingerprintError {
     #[error("reading the inputs of rank {rank} on {node}: {detail}")]
     Inputs {
         /// Rank.
-        rank: u32,
+        rank: usize,
         /// Node.
         node: String,
         /// What failed.

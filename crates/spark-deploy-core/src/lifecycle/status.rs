@@ -46,21 +46,13 @@ pub async fn status(ctx: &Context) -> Status {
         let container = rank_container_name(&c.deployment.name, rank);
         let (mut state, mut started_at, mut fingerprint) = ("absent".to_owned(), None, None);
         match ctx.docker(rank).await {
-            Ok(d) => match d.inspect_container(&container).await {
-                Ok(Some(info)) => {
-                    let st = info.state.clone();
-                    state = if st.as_ref().and_then(|s| s.running).unwrap_or(false) {
-                        "running".into()
-                    } else {
-                        "exited".into()
-                    };
-                    started_at = st.and_then(|s| s.started_at);
-                    fingerprint = info
-                        .config
-                        .and_then(|c| c.labels)
-                        .and_then(|l| l.get(labels::FINGERPRINT).cloned());
+            Ok(d) => match d.container_state(&container).await {
+                Ok(st) if st.exists => {
+                    state = if st.running { "running" } else { "exited" }.into();
+                    started_at = st.started_at;
+                    fingerprint = st.labels.get(labels::FINGERPRINT).cloned();
                 }
-                Ok(None) => {}
+                Ok(_) => {}
                 Err(e) => state = format!("unknown: {e}"),
             },
             Err(e) => state = format!("unreachable: {e}"),

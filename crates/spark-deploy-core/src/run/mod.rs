@@ -58,14 +58,15 @@ pub struct RunReport {
     pub steps: Vec<StepReport>,
 }
 
-/// A failed run: the report so far and the failure.
+/// A failed run: the report so far and the failure. Its message is the whole story on one line
+/// (`Smoke failed: rank 1 … exited: …`, each cause once); the failure's fields carry the step,
+/// remedy, node and rank.
 #[derive(Debug, thiserror::Error)]
-#[error("{failure}")]
+#[error("{failure}: {}", failure.chain())]
 pub struct RunError {
     /// Steps up to and including the failed one.
     pub report: RunReport,
     /// The failure.
-    #[source]
     pub failure: StepFailure,
 }
 

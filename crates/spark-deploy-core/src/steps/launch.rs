@@ -53,7 +53,7 @@ pub enum LaunchError {
     #[error("rank {rank} on {node} still lacks {what}")]
     Unresolved {
         /// Rank.
-        rank: u32,
+        rank: usize,
         /// Node.
         node: String,
         /// What is unknown (e.g. "the head's fabric address (detected at preflight)").
@@ -69,7 +69,7 @@ pub enum LaunchError {
     #[error("starting rank {rank} on {node}: {source}")]
     Start {
         /// Rank.
-        rank: u32,
+        rank: usize,
         /// Node.
         node: String,
         /// Underlying error.
@@ -80,7 +80,7 @@ pub enum LaunchError {
     #[error("rank {rank} on {node} exited right after starting; its log ends with:\n{tail}")]
     Exited {
         /// Rank.
-        rank: u32,
+        rank: usize,
         /// Node.
         node: String,
         /// Log tail.
@@ -96,7 +96,7 @@ impl LaunchError {
             | Self::Start { rank, node, .. }
             | Self::Exited { rank, node, .. }
             | Self::Fingerprint(FingerprintError::Inputs { rank, node, .. }) => {
-                (Some(node.clone()), usize::try_from(*rank).ok())
+                (Some(node.clone()), Some(*rank))
             }
             Self::Fingerprint(FingerprintError::Mismatch(_)) | Self::ApiKey(_) => (None, None),
         }
@@ -117,7 +117,6 @@ async fn resolve(
             .nodes
             .iter()
             .position(|n| n.name == node)
-            .and_then(|i| u32::try_from(i).ok())
             .unwrap_or(0);
         return Err(LaunchError::Unresolved { rank, node, what });
     }
@@ -152,17 +151,17 @@ impl LaunchRank {
                     source: e.into(),
                 })
             })?;
-            let info = d.inspect_container(&s.name).await.ok().flatten();
-            let is_running = info
-                .as_ref()
-                .and_then(|c| c.state.as_ref())
-                .and_then(|st| st.running)
-                .unwrap_or(false);
-            let fp = info
-                .and_then(|c| c.config)
-                .and_then(|c| c.labels)
-                .and_then(|l| l.get(labels::FINGERPRINT).cloned());
-            running.push((is_running, fp));
+            let state = d.container_state(&s.name).await.map_err(|e| {
+                fail(LaunchError::Start {
+                    rank: s.rank,
+                    node: s.node.clone(),
+                    source: e.into(),
+                })
+            })?;
+            running.push((
+                state.running,
+                state.labels.get(labels::FINGERPRINT).cloned(),
+            ));
         }
         if running
             .iter()
@@ -226,18 +225,13 @@ impl LaunchRank {
                 // A follower that dies at once (bad argv, missing input) must stop the launch here.
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
                 let i = ctx.node_index(&s.node);
-                let running = match ctx.docker(i).await {
-                    Ok(d) => d
-                        .inspect_container(&s.name)
-                        .await
-                        .ok()
-                        .flatten()
-                        .and_then(|c| c.state)
-                        .and_then(|st| st.running)
-                        .unwrap_or(false),
-                    Err(_) => false,
-                };
-                if !running {
+                // Docker not answering here is not an exit: only a state that says "not
+                // running" stops the launch.
+                let exited = ctx
+                    .rank_state(i, &s.name)
+                    .await
+                    .is_ok_and(|state| !state.running);
+                if exited {
                     let tail = ctx.log_tail(i, &s.name, 20).await;
                     return Err(fail(LaunchError::Exited {
                         rank: s.rank,
@@ -259,14 +253,7 @@ async fn record_launch(ctx: &Context, specs: &[ContainerSpec], fingerprint: &str
     let mut ranks = Vec::new();
     for s in specs {
         let i = ctx.node_index(&s.node);
-        let Ok(d) = ctx.docker(i).await else { return };
-        let Some(id) = d
-            .inspect_container(&s.name)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|c| c.id)
-        else {
+        let Some(id) = ctx.rank_state(i, &s.name).await.ok().and_then(|st| st.id) else {
             return;
         };
         ranks.push(LaunchedRank {

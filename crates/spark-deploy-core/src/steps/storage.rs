@@ -23,7 +23,7 @@ pub struct WorkerPlan {
     /// Worker node.
     pub node: String,
     /// Rank it serves.
-    pub rank: u32,
+    pub rank: usize,
     /// Address the bytes travel to (the worker's fabric address, never management).
     pub fabric_addr: String,
     /// NFS volume options in `nfs` mode.
@@ -68,7 +68,7 @@ impl ConfigureWorkerStorage {
                 });
                 WorkerPlan {
                     node: node.name.clone(),
-                    rank: u32::try_from(r).unwrap_or(u32::MAX),
+                    rank: r,
                     fabric_addr: facts.nodes[r].fabric_addr.clone(),
                     nfs_volume,
                     transfers,

@@ -187,7 +187,7 @@ pub struct Mismatch {
     /// The other rank's value.
     pub other: String,
     /// The other rank.
-    pub rank: u32,
+    pub rank: usize,
 }
 
 /// Compares every rank against rank 0; returns the common fingerprint or every mismatch.
@@ -195,7 +195,7 @@ pub struct Mismatch {
 /// # Errors
 ///
 /// The list of mismatching settings (never empty).
-pub fn compare(ranks: &[(u32, RankSettings)]) -> Result<String, Vec<Mismatch>> {
+pub fn compare(ranks: &[(usize, RankSettings)]) -> Result<String, Vec<Mismatch>> {
     let Some((_, first)) = ranks.iter().find(|(r, _)| *r == 0) else {
         return Err(vec![Mismatch {
             setting: "rank 0".into(),

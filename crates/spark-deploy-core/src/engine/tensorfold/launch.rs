@@ -88,7 +88,7 @@ fn fabric_env(f: &NodeFacts, env: &mut BTreeMap<String, String>) {
 
 fn base_spec(
     config: &ValidatedConfig,
-    rank: u32,
+    rank: usize,
     facts: &NodeFacts,
     argv: Vec<String>,
     env: BTreeMap<String, String>,
@@ -131,7 +131,7 @@ fn base_spec(
             volume: false,
         });
     }
-    let name = container_name(&c.deployment.name, rank);
+    let name = crate::container::rank_container_name(&c.deployment.name, rank);
     ContainerSpec {
         node: node.name.clone(),
         rank,
@@ -173,7 +173,7 @@ fn base_spec(
 }
 
 /// In `nfs` mode a worker reads the head's cache through the Docker NFS volume.
-fn hf_mount(config: &ValidatedConfig, rank: u32, hf_cache: &str) -> Mount {
+fn hf_mount(config: &ValidatedConfig, rank: usize, hf_cache: &str) -> Mount {
     let c = config.config();
     if rank > 0 && c.deployment.worker_storage == crate::config::WorkerStorage::Nfs {
         Mount {
@@ -190,12 +190,6 @@ fn hf_mount(config: &ValidatedConfig, rank: u32, hf_cache: &str) -> Mount {
             volume: false,
         }
     }
-}
-
-/// The container name of `rank` in deployment `name`.
-#[must_use]
-pub fn container_name(name: &str, rank: u32) -> String {
-    crate::container::rank_container_name(name, rank as usize)
 }
 
 /// Rank 0: `tensorfold-native serve` with its inputs in the environment.
@@ -268,7 +262,7 @@ fn follower(
     config: &ValidatedConfig,
     facts: &DeploymentFacts,
     shared: &Shared,
-    rank: u32,
+    rank: usize,
 ) -> ContainerSpec {
     let c = config.config();
     let f = &facts.nodes[rank as usize];
@@ -310,7 +304,7 @@ fn follower(
 #[must_use]
 pub fn rank_specs(config: &ValidatedConfig, facts: &DeploymentFacts) -> Vec<ContainerSpec> {
     let shared = Shared::new(config, facts);
-    let world = u32::try_from(config.config().nodes.len()).unwrap_or(u32::MAX);
+    let world = config.config().nodes.len();
     let mut specs: Vec<_> = (1..world)
         .rev()
         .map(|r| follower(config, facts, &shared, r))

@@ -20,7 +20,7 @@ use crate::layout::snapshot_dir;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RankOutput {
     /// Rank.
-    pub rank: u32,
+    pub rank: usize,
     /// Node that serves it.
     pub node: String,
     /// Directory on the head the file is written to.
@@ -55,7 +55,7 @@ impl RankInputs {
             .iter()
             .enumerate()
             .map(|(r, n)| RankOutput {
-                rank: u32::try_from(r).unwrap_or(u32::MAX),
+                rank: r,
                 node: n.name.clone(),
                 dir: format!("{}/rank-cache", head.inputs_dir),
                 file: format!("rank{r}of{world}-<first 20 hex of sha256 of its index, computed from the checkpoint headers>.bin"),

@@ -420,6 +420,8 @@ pub struct ContainerState {
     pub restart_count: Option<i64>,
     /// Its ID.
     pub id: Option<String>,
+    /// When it last started (RFC 3339, as the daemon writes it).
+    pub started_at: Option<String>,
     /// Its labels.
     pub labels: std::collections::HashMap<String, String>,
 }

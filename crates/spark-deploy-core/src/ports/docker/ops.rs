@@ -233,6 +233,7 @@ impl DockerNode {
             exit_code: state.and_then(|s| s.exit_code),
             restart_count: info.as_ref().and_then(|c| c.restart_count),
             id: info.as_ref().and_then(|c| c.id.clone()),
+            started_at: state.and_then(|s| s.started_at.clone()),
             labels: info
                 .and_then(|c| c.config)
                 .and_then(|c| c.labels)
