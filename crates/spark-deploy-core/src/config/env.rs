@@ -436,7 +436,11 @@ mod tests {
     }
 
     /// (value the file gives, environment, expected result).
-    type Case = (&'static str, &'static [(&'static str, &'static str)], &'static str);
+    type Case = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        &'static str,
+    );
 
     /// The head's cache root, token file and token after the environment and validation, with
     /// the file setting `hub.cache` / `hub.token_file` when given.

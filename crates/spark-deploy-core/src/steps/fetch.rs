@@ -330,6 +330,7 @@ impl FetchCheckpoint {
         }
         let mut cfg = HubConfig::new(endpoint, hub_dir(&c.hub.cache));
         cfg.token = token;
+        cfg.offline = c.hub.offline;
         let hub = Hub::new(cfg)?;
         let resolved = hub.resolve(&c.model.engram_repo, &orig_commit).await?;
         let mut by_shard: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
@@ -392,6 +393,7 @@ impl FetchCheckpoint {
         for r in &self.repos {
             let mut cfg = HubConfig::new(endpoint.clone(), hub_dir(&r.cache));
             cfg.token.clone_from(&token);
+            cfg.offline = c.hub.offline;
             // On cancellation the transfers put what they received on disk before the step ends.
             cfg.cancel = Some(ctx.cancel_signal());
             let fail = |e: Box<dyn std::error::Error + Send + Sync>| {
@@ -414,6 +416,10 @@ impl FetchCheckpoint {
                     report.summary(),
                     report.transferred,
                 ),
+                Err(e) if e.is_offline() => {
+                    let remedy = e.remedy();
+                    return Err(StepFailure::new(StepKind::FetchCheckpoint, e, remedy));
+                }
                 Err(e) if e.is_unreachable() && is_commit(&r.revision) => {
                     // A Hub outage (or an air-gapped re-run) does not stop a deployment whose
                     // pinned snapshot our last fetch completed and that still verifies.
