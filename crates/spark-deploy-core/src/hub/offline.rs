@@ -62,7 +62,8 @@ impl Hub {
             }
         };
         let snap = self.cache.snapshot_dir(repo, &commit);
-        let known: Vec<RemoteFile> = known_files(&self.cache, repo, &commit)
+        let (known, listed) = known_files(&self.cache, repo, &commit);
+        let known: Vec<RemoteFile> = known
             .into_iter()
             .map(|path| RemoteFile {
                 path,
@@ -76,12 +77,17 @@ impl Hub {
             .map(|f| f.path.clone())
             .collect();
         let mut problems: Vec<String> = Vec::new();
-        for p in patterns {
-            let wildcard = p.contains(['*', '?']);
-            if wildcard && !selected.iter().any(|f| select_one(f, p)) {
-                problems.push(format!("no cached file matches {p}"));
-            } else if !wildcard && !selected.contains(p) {
-                problems.push(format!("{p} is missing"));
+        if !listed {
+            // No listing of this commit: every named file is required, every glob must match.
+            let why = "no file listing of this commit is cached, so every file the fetch names is required";
+            for p in patterns {
+                if p.contains(['*', '?']) {
+                    if !selected.iter().any(|f| select_one(f, p)) {
+                        problems.push(format!("no cached file matches {p} ({why})"));
+                    }
+                } else if !selected.contains(p) {
+                    problems.push(format!("{p} is missing ({why})"));
+                }
             }
         }
         let (present, absent): (Vec<String>, Vec<String>) =
@@ -147,11 +153,13 @@ fn describe(e: &VerifyError) -> String {
     }
 }
 
-/// Every file the cache knows `repo@commit` has, present or not.
-fn known_files(cache: &HfCache, repo: &str, commit: &str) -> BTreeSet<String> {
+/// Every file the cache knows `repo@commit` has, present or not, and whether a listing (ours or
+/// `huggingface_hub`'s) was among the sources.
+fn known_files(cache: &HfCache, repo: &str, commit: &str) -> (BTreeSet<String>, bool) {
     let mut out = BTreeSet::new();
     out.extend(verify::manifest_paths(cache, repo, commit));
     out.extend(verify::python_tree_paths(cache, repo, commit));
+    let listed = !out.is_empty();
     let snap = cache.snapshot_dir(repo, commit);
     out.extend(verify::snapshot_files(&snap));
     // The shards a cached safetensors index names (its folder-relative names).
@@ -176,7 +184,7 @@ fn known_files(cache: &HfCache, repo: &str, commit: &str) -> BTreeSet<String> {
             }
         }
     }
-    out
+    (out, listed)
 }
 
 #[cfg(test)]
@@ -322,6 +330,45 @@ mod tests {
             e.contains("tokenizer.json is missing") && e.contains("no cached file matches *.bin"),
             "{e}"
         );
+        // With huggingface_hub's listing of the commit cached, the listing decides: a listed
+        // file is required, a named one the repository lacks is not.
+        let trees = cache.repo_dir(REPO).join("trees");
+        std::fs::create_dir_all(&trees).unwrap();
+        let listed = [
+            "config.json",
+            "model-1.safetensors",
+            "model-2.safetensors",
+            "x.safetensors",
+        ];
+        let files: serde_json::Map<String, serde_json::Value> = listed
+            .iter()
+            .map(|f| {
+                (
+                    (*f).to_owned(),
+                    serde_json::json!({"size": 1, "blob_id": "00"}),
+                )
+            })
+            .collect();
+        std::fs::write(
+            trees.join(format!("{COMMIT}.json")),
+            serde_json::json!({"format_version": 1, "files": files}).to_string(),
+        )
+        .unwrap();
+        let mut want = patterns();
+        want.push("generation_config.json".into());
+        let e = h
+            .fetch_repo(REPO, COMMIT, &want, &NoProgress)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("x.safetensors is missing")
+                && e.contains("model-2.safetensors is missing")
+                && !e.contains("generation_config.json"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&trees).unwrap();
+
         // A corrupt blob is found, not trusted.
         let cfg_blob =
             std::fs::canonicalize(cache.snapshot_dir(REPO, COMMIT).join("config.json")).unwrap();
