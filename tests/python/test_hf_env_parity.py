@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from conftest import GATED_TOKEN, generate_hub_tree, safetensors_bytes, spark_deploy_binary, start_hub
@@ -71,6 +72,11 @@ class ConnectionRecorder:
                 return
             self.connections += 1
             conn.close()
+
+    def count(self) -> int:
+        """Connections so far, after giving one still in the accept queue time to be seen."""
+        time.sleep(0.3)
+        return self.connections
 
     def close(self):
         self.sock.close()
@@ -290,7 +296,7 @@ def test_same_cache_token_and_files_both_ways(testbed_hub, tmp_path, recorder, c
     assert run.returncode == 0, run.stdout + run.stderr
     (step,) = json.loads(run.stdout.strip().splitlines()[-1])["report"]["steps"]
     assert step["status"] == "skipped", step
-    assert recorder.connections == 0, "offline spark-deploy connected to HF_ENDPOINT"
+    assert recorder.count() == 0, "offline spark-deploy connected to HF_ENDPOINT"
 
 
 @pytest.mark.parametrize(
@@ -341,8 +347,17 @@ def test_offline_names_the_missing_file_without_a_connection(testbed_hub, tmp_pa
     text = json.dumps(out)
     assert f"{shard} is missing" in text, text
     assert "HF_HUB_OFFLINE unset" in text, text
-    assert recorder.connections == 0
+    assert recorder.count() == 0
     # Online again, the same fetch puts back exactly that file.
     run = spark(env, cfg, "fetch")
     assert run.returncode == 0, run.stdout + run.stderr
     assert (snap / shard).is_file()
+
+
+def test_the_recorder_sees_a_fetch_that_is_not_offline(tmp_path, recorder):
+    """The control of the zero-connection checks: the same fetch, not offline, does connect."""
+    env = base_env(tmp_path, recorder.endpoint, {"HF_HOME": str(tmp_path / "hf")})
+    cfg = write_config(tmp_path, {MODEL: "main", ORIGINAL: "main", KIT: "main"}, ablit=False)
+    run = spark(env, cfg, "fetch")
+    assert run.returncode != 0, run.stdout
+    assert recorder.count() > 0
