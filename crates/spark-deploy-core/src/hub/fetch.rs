@@ -271,7 +271,7 @@ pub fn select<'a>(files: &'a [RemoteFile], patterns: &[String]) -> Vec<&'a Remot
         .collect()
 }
 
-fn glob_match(pat: &str, s: &str) -> bool {
+pub(crate) fn glob_match(pat: &str, s: &str) -> bool {
     fn go(p: &[u8], s: &[u8]) -> bool {
         match (p.first(), s.first()) {
             (None, None) => true,

@@ -4,15 +4,16 @@
 //! What a fetch wants is found without the Hub: the revision from the commit itself or
 //! `refs/<branch>`; the files from what the cache knows of that commit (our manifest,
 //! `huggingface_hub`'s `trees/<commit>.json` listing, the snapshot directory, and the shards a
-//! cached `*.safetensors.index.json` names), filtered by the fetch's patterns. A pattern without
-//! wildcards must be present; a wildcard pattern must match at least one file. Blobs verified
-//! before (an unchanged stamp) are not hashed again; the others are verified in full.
+//! cached `*.safetensors.index.json` names), filtered by the fetch's patterns; each must be
+//! present. When no listing of the commit is cached (a cache written by an older client), every
+//! file a pattern names must be present and every wildcard pattern must match a file. Blobs
+//! verified before (an unchanged stamp) are not hashed again; the others are verified in full.
 
 use std::collections::BTreeSet;
 
 use super::cache::HfCache;
 use super::client::{Hub, HubError, RemoteFile, ResolvedRepo};
-use super::fetch::{FetchError, FetchReport, FetchedFile, select};
+use super::fetch::{FetchError, FetchReport, FetchedFile, glob_match, select};
 use super::progress::FileOutcome;
 use super::verify::{self, VerifyError};
 
@@ -76,20 +77,11 @@ impl Hub {
             .into_iter()
             .map(|f| f.path.clone())
             .collect();
-        let mut problems: Vec<String> = Vec::new();
-        if !listed {
-            // No listing of this commit: every named file is required, every glob must match.
-            let why = "no file listing of this commit is cached, so every file the fetch names is required";
-            for p in patterns {
-                if p.contains(['*', '?']) {
-                    if !selected.iter().any(|f| select_one(f, p)) {
-                        problems.push(format!("no cached file matches {p} ({why})"));
-                    }
-                } else if !selected.contains(p) {
-                    problems.push(format!("{p} is missing ({why})"));
-                }
-            }
-        }
+        let mut problems = if listed {
+            Vec::new()
+        } else {
+            unlisted_problems(patterns, &selected)
+        };
         let (present, absent): (Vec<String>, Vec<String>) =
             selected.into_iter().partition(|f| snap.join(f).is_file());
         problems.extend(absent.iter().map(|f| format!("{f} is missing")));
@@ -135,14 +127,20 @@ impl Hub {
     }
 }
 
-fn select_one(path: &str, pattern: &str) -> bool {
-    let f = [RemoteFile {
-        path: path.to_owned(),
-        size: 0,
-        is_lfs: false,
-        lfs_sha256: None,
-    }];
-    !select(&f, &[pattern.to_owned()]).is_empty()
+/// Without a listing: every file a pattern names must be there, every wildcard must match.
+fn unlisted_problems(patterns: &[String], selected: &[String]) -> Vec<String> {
+    let why = "no file listing of this commit is cached, so every file the fetch names is required";
+    patterns
+        .iter()
+        .filter_map(|p| {
+            if p.contains(['*', '?']) {
+                (!selected.iter().any(|f| glob_match(p, f)))
+                    .then(|| format!("no cached file matches {p} ({why})"))
+            } else {
+                (!selected.contains(p)).then(|| format!("{p} is missing ({why})"))
+            }
+        })
+        .collect()
 }
 
 /// A problem as one line naming the file.
