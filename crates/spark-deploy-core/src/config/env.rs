@@ -1,4 +1,5 @@
-//! Environment overrides under the original bash recipe's names.
+//! Environment overrides under the original bash recipe's names, and the Hugging Face variables
+//! as `huggingface_hub` reads them (precedence and reading rules in [`super::hf_env`]).
 //!
 //! One table, [`ENV_OVERRIDES`], drives both the overrides and the README's reference, so the
 //! documented list is the applied list. The environment wins over the file (RECIPE.md §1.1).
@@ -367,9 +368,6 @@ pub fn apply_env(
         if !set {
             continue;
         }
-        for earlier in applied.iter_mut().filter(|a| a.key == ov.field) {
-            earlier.shadowed_by.get_or_insert(ov.var);
-        }
         applied.push(AppliedOverride {
             var: ov.var,
             key: ov.field,
@@ -377,16 +375,15 @@ pub fn apply_env(
             shadowed_by: None,
         });
     }
-    // A later variable that set the same key decides it: point every weaker one at the winner.
-    let winners: Vec<(&'static str, &'static str)> = applied
-        .iter()
-        .filter(|a| a.shadowed_by.is_none())
-        .map(|a| (a.key, a.var))
-        .collect();
+    // Of the variables that set one key, the last one applied decides it.
+    let order: Vec<(&'static str, &'static str)> = applied.iter().map(|a| (a.key, a.var)).collect();
     for a in &mut applied {
-        if a.shadowed_by.is_some() {
-            a.shadowed_by = winners.iter().find(|(k, _)| *k == a.key).map(|(_, v)| *v);
-        }
+        let winner = order
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == a.key)
+            .map(|(_, v)| *v);
+        a.shadowed_by = winner.filter(|w| *w != a.var);
     }
     Ok(applied)
 }
