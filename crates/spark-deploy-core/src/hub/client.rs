@@ -189,7 +189,7 @@ pub struct HubConfig {
 }
 
 impl HubConfig {
-    /// Defaults for `cache_dir`, with the token from the environment.
+    /// Defaults for `cache_dir`, with the token from the environment; online.
     #[must_use]
     pub fn new(endpoint: Option<String>, cache_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -202,7 +202,7 @@ impl HubConfig {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(15),
-            offline: offline_from_env(),
+            offline: false,
             cancel: None,
         }
     }
@@ -211,7 +211,9 @@ impl HubConfig {
     /// file, `HF_HUB_OFFLINE`.
     #[must_use]
     pub fn from_env() -> Self {
-        Self::new(None, default_cache_dir())
+        let mut cfg = Self::new(None, default_cache_dir());
+        cfg.offline = offline_from_env();
+        cfg
     }
 }
 
