@@ -554,6 +554,20 @@ mod tests {
     }
 
     #[test]
+    fn a_hub_cache_not_named_hub_is_refused_with_the_fix() {
+        let mut c = DeploymentConfig::default();
+        let e = apply_env(&mut c, &env(&[("HF_HUB_CACHE", "/data/models")])).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("HF_HUB_CACHE")
+                && text.contains("hub.cache")
+                && text.contains("/data/models/hub"),
+            "{text}"
+        );
+        assert!(e.remedy().unwrap().contains("HF_HUB_CACHE"));
+    }
+
+    #[test]
     fn hf_endpoint_and_offline() {
         let mut c = DeploymentConfig::default();
         apply_env(&mut c, &env(&[("HF_ENDPOINT", "http://127.0.0.1:9/")])).unwrap();
