@@ -15,8 +15,18 @@ import pytest
 # huggingface_hub is imported (it reads its constants at import time).
 os.environ["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-os.environ.pop("HF_TOKEN", None)
-os.environ.pop("HF_ENDPOINT", None)
+for _var in (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_TOKEN_PATH",
+    "HF_ENDPOINT",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+):
+    os.environ.pop(_var, None)
 
 WORKSPACE = pathlib.Path(__file__).resolve().parents[2]
 GATED_TOKEN = "hf_testbed_gated_token_0123456789"

@@ -5,6 +5,7 @@
 //! the only input a [`crate::plan::Plan`] accepts ("parse, don't validate").
 
 pub mod env;
+pub mod hf_env;
 pub mod recipe;
 pub mod reference;
 pub mod schema;
@@ -125,6 +126,18 @@ pub fn load_with_env(
     path: Option<&Path>,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<DeploymentConfig, ConfigError> {
+    load_explained(path, lookup).map(|(config, _)| config)
+}
+
+/// [`load_with_env`], also saying which variable set which key (`config check`).
+///
+/// # Errors
+///
+/// As [`load`].
+pub fn load_explained(
+    path: Option<&Path>,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(DeploymentConfig, Vec<env::AppliedOverride>), ConfigError> {
     let mut config = match path {
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
@@ -135,6 +148,6 @@ pub fn load_with_env(
         }
         None => DeploymentConfig::default(),
     };
-    env::apply_env(&mut config, lookup)?;
-    Ok(config)
+    let applied = env::apply_env(&mut config, lookup)?;
+    Ok((config, applied))
 }

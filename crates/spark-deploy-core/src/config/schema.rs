@@ -169,14 +169,18 @@ impl Default for ModelSection {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HubSection {
-    /// HF-compatible endpoint; empty means the Hugging Face Hub (or `HF_ENDPOINT`).
+    /// HF-compatible endpoint; empty means the Hugging Face Hub (`HF_ENDPOINT`).
     pub endpoint: String,
-    /// Head's HF cache root (`HF_CACHE`; default `$HF_HOME` or `~/.cache/huggingface`).
+    /// Head's HF cache root, `HF_HOME`-style (the hub cache is its `hub/`); empty = as
+    /// `huggingface_hub` (see [`super::hf_env`] for the variables that set it).
     pub cache: String,
     /// Separate cache for the ABLIT overlay, so genuine and abliterated data never mix.
     pub ablit_cache: String,
-    /// File holding the HF token (as written by `hf auth login`); `HF_TOKEN` wins.
+    /// File holding the HF token (as written by `hf auth login`); empty = as `huggingface_hub`
+    /// (`HF_TOKEN_PATH`, `$HF_HOME/token`); `HF_TOKEN` wins.
     pub token_file: String,
+    /// No network at all: the fetch stands on the verified cache (`HF_HUB_OFFLINE`).
+    pub offline: bool,
     /// The token itself: from `HF_TOKEN` only, never from the file.
     #[serde(skip)]
     pub token: Option<Secret>,
@@ -186,9 +190,10 @@ impl Default for HubSection {
     fn default() -> Self {
         Self {
             endpoint: String::new(),
-            cache: "~/.cache/huggingface".into(),
+            cache: String::new(),
             ablit_cache: "~/.cache/huggingface-ablit".into(),
-            token_file: "~/.cache/huggingface/token".into(),
+            token_file: String::new(),
+            offline: false,
             token: None,
         }
     }

@@ -482,6 +482,15 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
 
     // Expand `~` with the head's home: the same user on every Spark unless paths are set per node.
     config.deployment.state_dir = expand_home(&config.deployment.state_dir, home);
+    // Empty cache and token file: huggingface_hub's defaults, each on its own (the token stays
+    // where `hf auth login` put it when only the cache is moved); the environment has filled
+    // them already when it names them (`hf_env`).
+    if config.hub.cache.is_empty() {
+        config.hub.cache = super::hf_env::DEFAULT_HF_HOME.to_owned();
+    }
+    if config.hub.token_file.is_empty() {
+        config.hub.token_file = super::hf_env::token_file_in(super::hf_env::DEFAULT_HF_HOME);
+    }
     config.hub.cache = expand_home(&config.hub.cache, home);
     config.hub.ablit_cache = expand_home(&config.hub.ablit_cache, home);
     config.hub.token_file = expand_home(&config.hub.token_file, home);

@@ -139,6 +139,20 @@ pub enum HubError {
     /// A file path from the Hub is unsafe to place in the cache.
     #[error(transparent)]
     Cache(#[from] super::cache::CacheError),
+    /// Offline mode (`HF_HUB_OFFLINE`): the operation needs the Hub, so it was not attempted.
+    #[error(
+        "{what} of {repo} at {revision} needs the Hub, and offline mode is on (HF_HUB_OFFLINE or \
+         hub.offline): no request was made. Remedy: run once with HF_HUB_OFFLINE unset where the \
+         Hub is reachable, or copy a cache that holds it"
+    )]
+    Offline {
+        /// What would have been requested (an operation or a file).
+        what: String,
+        /// Repository id.
+        repo: String,
+        /// Revision.
+        revision: String,
+    },
     /// The HTTP clients could not be built.
     #[error("cannot build the Hub client")]
     Build(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -165,6 +179,9 @@ pub struct HubConfig {
     pub backoff_max: Duration,
     /// TCP connect timeout.
     pub connect_timeout: Duration,
+    /// No network at all (`HF_HUB_OFFLINE`): every request fails with [`HubError::Offline`]
+    /// before a socket is opened, and [`Hub::fetch_repo`] stands on the verified cache.
+    pub offline: bool,
     /// When this turns `true`, transfers stop, write what they received to their `.incomplete`
     /// files and the fetch ends with [`FetchError::Cancelled`](super::FetchError::Cancelled).
     /// (Dropping the fetch future also stops it, but may lose the bytes still buffered.)
@@ -172,7 +189,7 @@ pub struct HubConfig {
 }
 
 impl HubConfig {
-    /// Defaults for `cache_dir`, with the token from the environment.
+    /// Defaults for `cache_dir`, with the token from the environment; online.
     #[must_use]
     pub fn new(endpoint: Option<String>, cache_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -185,15 +202,27 @@ impl HubConfig {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(15),
+            offline: false,
             cancel: None,
         }
     }
 
-    /// Everything from the environment: `HF_ENDPOINT`, `HF_HUB_CACHE`/`HF_HOME`, `HF_TOKEN`/token file.
+    /// Everything from the environment: `HF_ENDPOINT`, `HF_HUB_CACHE`/`HF_HOME`, `HF_TOKEN`/token
+    /// file, `HF_HUB_OFFLINE`.
     #[must_use]
     pub fn from_env() -> Self {
-        Self::new(None, default_cache_dir())
+        let mut cfg = Self::new(None, default_cache_dir());
+        cfg.offline = offline_from_env();
+        cfg
     }
+}
+
+/// `HF_HUB_OFFLINE`, else `TRANSFORMERS_OFFLINE`, read as `huggingface_hub` reads them.
+fn offline_from_env() -> bool {
+    ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .is_some_and(|v| crate::config::hf_env::is_true(&v))
 }
 
 /// A repository pinned to a commit.
@@ -344,6 +373,7 @@ impl Hub {
     /// [`HubError::RepoNotFound`], [`HubError::RevisionNotFound`], [`HubError::Access`] (private or
     /// gated with a missing or refused token), [`HubError::Api`] otherwise.
     pub async fn resolve(&self, repo: &str, revision: &str) -> Result<ResolvedRepo, HubError> {
+        self.ensure_online("revision resolution", repo, revision)?;
         let info = self
             .model(repo)
             .info()
@@ -380,6 +410,7 @@ impl Hub {
     /// # Errors
     /// As [`Hub::resolve`]; [`HubError::Cache`] if a path is unsafe.
     pub async fn list_files(&self, r: &ResolvedRepo) -> Result<Vec<RemoteFile>, HubError> {
+        self.ensure_online("file listing", &r.repo, &r.commit)?;
         let model = self.model(&r.repo);
         let stream = model
             .list_tree()
@@ -408,11 +439,13 @@ impl Hub {
         Ok(out)
     }
 
+    /// Every request of ours builds its URL here, so offline mode stops them all before a socket.
     pub(crate) fn resolve_url(
         &self,
         r: &ResolvedRepo,
         file: &str,
     ) -> Result<reqwest::Url, HubError> {
+        self.ensure_online(file, &r.repo, &r.commit)?;
         let malformed = |what: String| HubError::Malformed {
             repo: r.repo.clone(),
             revision: r.commit.clone(),

@@ -98,6 +98,21 @@ pub enum FetchError {
     /// Linking the snapshot or writing a ref failed.
     #[error(transparent)]
     Cache(#[from] CacheError),
+    /// Offline mode: the cache lacks (or holds corrupt) files the fetch wants.
+    #[error(
+        "{repo} at {revision}: offline (HF_HUB_OFFLINE or hub.offline), and the cache {cache} \
+         does not hold what the fetch needs: {}", problems.join("; ")
+    )]
+    Offline {
+        /// Repository id.
+        repo: String,
+        /// Revision asked for.
+        revision: String,
+        /// The hub cache directory looked in.
+        cache: PathBuf,
+        /// One line per missing or bad file.
+        problems: Vec<String>,
+    },
     /// The cancel signal was raised; partial files are kept, resumable.
     #[error("{repo} at {commit}: cancelled; the partial files are kept and resumed next time")]
     Cancelled {
@@ -117,6 +132,31 @@ impl FetchError {
             self,
             Self::Hub(HubError::Api { .. } | HubError::Transport { .. })
         )
+    }
+
+    /// Whether offline mode stopped the fetch (nothing was requested).
+    #[must_use]
+    pub fn is_offline(&self) -> bool {
+        matches!(
+            self,
+            Self::Offline { .. } | Self::Hub(HubError::Offline { .. })
+        )
+    }
+
+    /// What the user can do about an offline stop (`None` for other errors).
+    #[must_use]
+    pub fn remedy(&self) -> Option<String> {
+        match self {
+            Self::Offline { cache, .. } => Some(format!(
+                "run `spark-deploy fetch` with HF_HUB_OFFLINE unset (and hub.offline = false) \
+                 where the Hub is reachable, or copy a complete cache into {}",
+                cache.display()
+            )),
+            Self::Hub(HubError::Offline { .. }) => {
+                Some("unset HF_HUB_OFFLINE (and hub.offline) where the Hub is reachable".to_owned())
+            }
+            _ => None,
+        }
     }
 }
 
@@ -231,7 +271,7 @@ pub fn select<'a>(files: &'a [RemoteFile], patterns: &[String]) -> Vec<&'a Remot
         .collect()
 }
 
-fn glob_match(pat: &str, s: &str) -> bool {
+pub(crate) fn glob_match(pat: &str, s: &str) -> bool {
     fn go(p: &[u8], s: &[u8]) -> bool {
         match (p.first(), s.first()) {
             (None, None) => true,
@@ -295,10 +335,13 @@ impl Hub {
     }
 
     /// Resolve `repo` at `revision`, list it, and [`fetch`](Hub::fetch) the files matching
-    /// `patterns` (see [`select`]; empty = all files).
+    /// `patterns` (see [`select`]; empty = all files). In offline mode
+    /// ([`HubConfig::offline`](super::HubConfig)) no request is made: the files come from the
+    /// verified cache (see [`super::offline`]).
     ///
     /// # Errors
-    /// As [`Hub::resolve`], [`Hub::list_files`] and [`Hub::fetch`].
+    /// As [`Hub::resolve`], [`Hub::list_files`] and [`Hub::fetch`]; offline,
+    /// [`FetchError::Offline`] naming every missing or bad file.
     pub async fn fetch_repo(
         &self,
         repo: &str,
@@ -306,6 +349,9 @@ impl Hub {
         patterns: &[String],
         progress: &dyn FetchProgress,
     ) -> Result<FetchReport, FetchError> {
+        if self.cfg.offline {
+            return self.fetch_offline(repo, revision, patterns);
+        }
         let pinned = self.resolve(repo, revision).await?;
         let files = self.list_files(&pinned).await?;
         let wanted: Vec<RemoteFile> = select(&files, patterns).into_iter().cloned().collect();

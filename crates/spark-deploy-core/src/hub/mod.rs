@@ -25,15 +25,17 @@
 //! - Partial data only ever sits in `blobs/<etag>.incomplete` and is resumed with range requests.
 //! - The token never appears in errors, events or `Debug` output ([`HfToken`]).
 //! - The core never prints: progress goes to a [`FetchProgress`] callback.
+//! - Offline ([`HubConfig::offline`], `HF_HUB_OFFLINE`), no request is made at all.
 //!
 //! # Module map
 //! [`client`] (Hub connection, resolution, listing, metadata), [`fetch`] (download loop),
 //! [`verify`] (file and snapshot checks), [`cache`] (layout), [`remote`] (tensor byte ranges),
-//! [`token`], [`progress`].
+//! [`token`], [`progress`], [`offline`] (`HF_HUB_OFFLINE`: no socket, the verified cache).
 
 pub mod cache;
 pub mod client;
 pub mod fetch;
+pub mod offline;
 pub mod progress;
 pub mod remote;
 pub mod token;
@@ -46,5 +48,5 @@ pub use client::{
 pub use fetch::{FetchError, FetchReport, FetchedFile, select};
 pub use progress::{FetchEvent, FetchProgress, FileOutcome, NoProgress};
 pub use remote::{RemoteError, RemoteSafetensors, RemoteTensor, TensorEntry};
-pub use token::{HfToken, default_cache_dir, hf_home};
+pub use token::{HfToken, TokenSource, default_cache_dir, hf_home};
 pub use verify::{Expected, VerifyError, VerifyReport, verify_file, verify_snapshot};

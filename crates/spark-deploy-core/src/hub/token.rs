@@ -3,16 +3,19 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::config::schema::HubSection;
+
 /// A Hugging Face access token. `Debug` and `Display` print `***`; only
 /// [`HfToken::expose`] gives the secret, for building the `Authorization` header.
 #[derive(Clone, PartialEq, Eq)]
 pub struct HfToken(String);
 
 impl HfToken {
-    /// Wrap a token (surrounding whitespace is trimmed).
+    /// Wrap a token, cleaned as `huggingface_hub` cleans it (line breaks removed, surrounding
+    /// whitespace trimmed).
     #[must_use]
     pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into().trim().to_owned())
+        Self(crate::config::hf_env::clean_token(&token.into()).unwrap_or_default())
     }
 
     /// The secret itself. Use only to build a request header; never log it.
@@ -22,7 +25,8 @@ impl HfToken {
     }
 
     /// The token the standard tools would use, looked up as `huggingface_hub` does:
-    /// env `HF_TOKEN`, then the file named by env `HF_TOKEN_PATH`, then `$HF_HOME/token`
+    /// env `HF_TOKEN` (then its legacy name `HUGGING_FACE_HUB_TOKEN`), then the file named by
+    /// env `HF_TOKEN_PATH`, then `$HF_HOME/token`
     /// (the file `hf auth login` writes; `HF_HOME` defaults to `$XDG_CACHE_HOME/huggingface`,
     /// then `~/.cache/huggingface`). Empty values count as absent; a non-empty
     /// `HF_HUB_DISABLE_IMPLICIT_TOKEN` disables the lookup, as in both Hub clients.
@@ -32,7 +36,7 @@ impl HfToken {
             return None;
         }
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        if let Some(t) = env("HF_TOKEN") {
+        if let Some(t) = env("HF_TOKEN").or_else(|| env("HUGGING_FACE_HUB_TOKEN")) {
             return Some(Self::new(t));
         }
         let path = env("HF_TOKEN_PATH")
@@ -45,9 +49,40 @@ impl HfToken {
     #[must_use]
     pub fn from_file(path: &Path) -> Option<Self> {
         let s = std::fs::read_to_string(path).ok()?;
-        let t = s.trim();
-        (!t.is_empty()).then(|| Self::new(t))
+        crate::config::hf_env::clean_token(&s).map(Self)
     }
+
+    /// The token of a deployment's `[hub]` and where it comes from: `HF_TOKEN` (already in
+    /// [`HubSection::token`]), else the token file. The source never holds the token.
+    #[must_use]
+    pub fn configured(hub: &HubSection) -> (Option<Self>, TokenSource) {
+        if let Some(t) = &hub.token {
+            return (Some(Self::new(t.expose())), TokenSource::Environment);
+        }
+        let path = hub.token_file.clone();
+        match Self::from_file(Path::new(&path)) {
+            Some(t) => (Some(t), TokenSource::File { path }),
+            None => (None, TokenSource::Absent { looked_in: path }),
+        }
+    }
+}
+
+/// Where a deployment's Hub token comes from (`config check`); never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum TokenSource {
+    /// `HF_TOKEN` (or `HUGGING_FACE_HUB_TOKEN`) in the environment.
+    Environment,
+    /// The token file.
+    File {
+        /// Its path.
+        path: String,
+    },
+    /// No token: no variable, and the token file is absent or empty.
+    Absent {
+        /// The token file looked at.
+        looked_in: String,
+    },
 }
 
 impl fmt::Debug for HfToken {

@@ -549,6 +549,31 @@ pub fn verify_snapshot(
     Ok(report)
 }
 
+/// The paths our manifest of `repo@commit` records.
+pub(crate) fn manifest_paths(cache: &HfCache, repo: &str, commit: &str) -> Vec<String> {
+    std::fs::read(manifest_path(cache, repo, commit))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Vec<ManifestEntry>>(&b).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.path)
+        .collect()
+}
+
+/// The paths `huggingface_hub`'s cached listing of `repo@commit` names.
+pub(crate) fn python_tree_paths(cache: &HfCache, repo: &str, commit: &str) -> Vec<String> {
+    read_python_tree(&cache.repo_dir(repo), commit)
+        .into_keys()
+        .collect()
+}
+
+/// Every file below a snapshot directory, relative to it.
+pub(crate) fn snapshot_files(snap: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    list_snapshot(snap, snap, &mut out);
+    out
+}
+
 #[derive(Deserialize)]
 struct PyTreeEntry {
     size: u64,

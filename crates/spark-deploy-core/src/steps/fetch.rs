@@ -301,6 +301,7 @@ impl FetchCheckpoint {
         for r in &self.repos {
             let mut cfg = HubConfig::new(endpoint.clone(), hub_dir(&r.cache));
             cfg.token.clone_from(&token);
+            cfg.offline = c.hub.offline;
             // On cancellation the transfers put what they received on disk before the step ends.
             cfg.cancel = Some(ctx.cancel_signal());
             let fail = |e: Box<dyn std::error::Error + Send + Sync>| {
@@ -323,6 +324,10 @@ impl FetchCheckpoint {
                     report.summary(),
                     report.transferred,
                 ),
+                Err(e) if e.is_offline() => {
+                    let remedy = e.remedy();
+                    return Err(StepFailure::new(StepKind::FetchCheckpoint, e, remedy));
+                }
                 Err(e) if e.is_unreachable() && is_commit(&r.revision) => {
                     // A Hub outage (or an air-gapped re-run) does not stop a deployment whose
                     // pinned snapshot our last fetch completed and that still verifies.

@@ -47,6 +47,7 @@ pub(crate) async fn fetch_bias_vl(
     }
     let mut cfg = HubConfig::new(endpoint, hub_dir(&c.hub.cache));
     cfg.token = token;
+    cfg.offline = c.hub.offline;
     let hub = Hub::new(cfg)?;
     let resolved = hub.resolve(&c.model.engram_repo, &orig_commit).await?;
     let mut by_shard: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
