@@ -78,9 +78,9 @@ pub(crate) fn run(global: &Global, cmd: &TestbedCommand) -> Result<(), Failure> 
                 .block_on(cluster::down(&opts))
                 .map_err(|e| Failure::new(RUNTIME, &e, None))?;
             if global.json {
-                render::out(&serde_json::json!({ "down": format!("{report:?}") }).to_string());
+                render::out(&serde_json::json!({ "down": report }).to_string());
             } else {
-                render::out(&format!("testbed down: {report:?}"));
+                render::out(&format!("testbed down: {report}"));
             }
             Ok(())
         }

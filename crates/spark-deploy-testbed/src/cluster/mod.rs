@@ -514,12 +514,31 @@ fn remove_state_dir(dir: &Path) -> Result<(), TestbedError> {
 }
 
 /// What [`down`] removed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DownReport {
     /// Docker objects removed.
     pub removed: Removed,
     /// Whether the state directory was removed.
     pub state_dir_removed: bool,
+}
+
+impl std::fmt::Display for DownReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = &self.removed;
+        write!(
+            f,
+            "removed {} container(s), {} network(s), {} image(s), {} volume(s){}",
+            r.containers.len(),
+            r.networks.len(),
+            r.images.len(),
+            r.volumes.len(),
+            if self.state_dir_removed {
+                " and the state directory"
+            } else {
+                ""
+            }
+        )
+    }
 }
 
 /// Tears the testbed down: removes every container, network, volume and image labelled

@@ -82,7 +82,7 @@ mod ops;
 pub use error::DockerError;
 
 /// What [`DockerNode::remove_by_label`] removed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Removed {
     /// Container names.
     pub containers: Vec<String>,

@@ -1,4 +1,8 @@
 //! Docker operations of a [`DockerNode`]: images, containers, networks, volumes.
+//!
+//! Longer than most modules on purpose: it is the Docker port's whole surface, one small method
+//! per daemon call, each mapping bollard's error into the port's [`DockerError`] with the node and
+//! object named. Splitting it by object kind would scatter that one mapping.
 
 use std::io;
 use std::path::Path;
