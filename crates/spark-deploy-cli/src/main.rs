@@ -47,7 +47,8 @@ enum Command {
     Status,
     /// The ranks' engine logs (timestamps), newest lines.
     Logs(commands::inspect::LogsArgs),
-    /// Stop both ranks and start both with the current config (validated first).
+    /// Prepare the current config while the pair serves (preflight, inputs, storage, image), then
+    /// stop both ranks and start both; a failure before the stop leaves the pair serving.
     Restart,
     /// Print the deployment's API key (generated on the first `up`).
     ApiKey,
@@ -58,6 +59,9 @@ enum Command {
     Up,
     /// Stop every rank (rank 0 first), saving logs.
     Down,
+    /// Every step up to, not including, the launch: preflight, fetch, rank inputs, worker
+    /// storage, image. Starts and stops nothing.
+    Prepare,
     /// Check every node; changes nothing.
     Preflight,
     /// Download the checkpoint, Engram shards and kit (pinned, resumable, verified).
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
         Command::Demo => commands::demo::run(&global),
         Command::Up => commands::run::run(&global, commands::run::Which::Up),
         Command::Down => commands::run::run(&global, commands::run::Which::Down),
+        Command::Prepare => commands::run::run(&global, commands::run::Which::Prepare),
         Command::Preflight => commands::run::run(&global, commands::run::Which::Preflight),
         Command::Fetch { verify_only } => commands::run::run(
             &global,

@@ -88,8 +88,11 @@ pub enum Verb {
     Up,
     /// Stop every rank, rank 0 first, saving logs.
     Down,
-    /// Stop every rank, then the standard plan.
+    /// Everything before the launch, validated while a running pair keeps serving; then stop
+    /// every rank, launch and smoke.
     Restart,
+    /// Every step up to, not including, LaunchRank.
+    Prepare,
     /// Every preflight check, also while the deployment runs.
     Preflight,
     /// Download the checkpoint, Engram shards and kit.
@@ -172,6 +175,7 @@ impl Plan {
             Verb::Up => Self::standard(config),
             Verb::Down => Self::teardown(config),
             Verb::Restart => Self::restart(config),
+            Verb::Prepare => Self::prepare(config),
             Verb::Preflight => {
                 Self::from_steps(config, vec![Step::Preflight(Preflight::new(config))])
             }
@@ -206,13 +210,31 @@ impl Plan {
         }
     }
 
-    /// Restart: the teardown's Stop followed by the standard plan (whose launch compares the
-    /// fingerprint anew). The config was validated before this plan exists, so nothing is
-    /// stopped for an invalid config.
+    /// Restart, validated before anything stops: Preflight (always run), FetchCheckpoint,
+    /// BuildRankCache, ConfigureWorkerStorage and BuildImage first — while the running pair keeps
+    /// serving — then Stop, LaunchRank and Smoke. A failure before Stop leaves the running pair
+    /// untouched (the run stops only ranks it started itself).
     #[must_use]
     pub fn restart(config: &ValidatedConfig) -> Self {
         let mut plan = Self::standard(config);
-        plan.steps.insert(0, Step::Stop(Stop::new(config)));
+        plan.steps[0] = Step::Preflight(Preflight::new(config));
+        let launch = plan
+            .steps
+            .iter()
+            .position(|s| s.kind() == StepKind::LaunchRank)
+            .unwrap_or(plan.steps.len());
+        plan.steps.insert(launch, Step::Stop(Stop::new(config)));
+        plan
+    }
+
+    /// Everything up to, not including, LaunchRank: the inputs, worker storage and image are
+    /// ready afterwards, and nothing was started or stopped.
+    #[must_use]
+    pub fn prepare(config: &ValidatedConfig) -> Self {
+        let mut plan = Self::standard(config);
+        plan.steps[0] = Step::Preflight(Preflight::new(config));
+        plan.steps
+            .retain(|s| !matches!(s.kind(), StepKind::LaunchRank | StepKind::Smoke));
         plan
     }
 

@@ -140,7 +140,7 @@ impl Plan {
                 ),
             }
         })?;
-        for step in self.steps() {
+        for (index, step) in self.steps().iter().enumerate() {
             let kind = step.kind();
             let t = Instant::now();
             ctx.emit(Event::Started {
@@ -176,7 +176,19 @@ impl Plan {
                         bytes: None,
                     });
                 }
-                Err(failure) => {
+                Err(mut failure) => {
+                    // A plan that would stop the running ranks later (restart) failed before
+                    // doing so: say that the pair still serves.
+                    if self.steps()[index + 1..]
+                        .iter()
+                        .any(|s| s.kind() == StepKind::Stop)
+                    {
+                        let kept = "nothing was stopped: the ranks that were running keep serving";
+                        failure.remedy = Some(match failure.remedy.take() {
+                            Some(r) => format!("{r}; {kept}"),
+                            None => kept.to_owned(),
+                        });
+                    }
                     ctx.emit(Event::Failed {
                         source: kind.into(),
                         error: failure.chain(),
@@ -248,5 +260,70 @@ mod tests {
         assert_eq!(err.failure.chain(), "cancelled");
         assert_eq!(err.report.steps[0].status, StepStatus::Failed);
         drop(accepted);
+    }
+
+    #[test]
+    fn restart_prepares_before_it_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = validate(DeploymentConfig::default(), dir.path()).unwrap();
+        let kinds: Vec<StepKind> = Plan::restart(&config)
+            .steps()
+            .iter()
+            .map(Step::kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                StepKind::Preflight,
+                StepKind::FetchCheckpoint,
+                StepKind::BuildRankCache,
+                StepKind::ConfigureWorkerStorage,
+                StepKind::BuildImage,
+                StepKind::Stop,
+                StepKind::LaunchRank,
+                StepKind::Smoke,
+            ]
+        );
+        let prepare: Vec<StepKind> = Plan::prepare(&config)
+            .steps()
+            .iter()
+            .map(Step::kind)
+            .collect();
+        assert_eq!(prepare, kinds[..5]);
+    }
+
+    /// A restart whose preflight fails (the worker refuses SSH) stops nothing and says so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_that_fails_before_the_stop_says_the_pair_keeps_serving() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (id, kh) = (dir.path().join("id"), dir.path().join("known_hosts"));
+        std::fs::write(&id, "").unwrap();
+        std::fs::write(&kh, "").unwrap();
+        let mut raw = DeploymentConfig::default();
+        raw.deployment.testbed = true;
+        raw.deployment.name = "restart-test-absent".into();
+        raw.deployment.state_dir = dir.path().join("state").display().to_string();
+        let w = &mut raw.nodes[1];
+        w.ssh = "root@127.0.0.1".into();
+        w.ssh_port = port;
+        w.identity_file = id.display().to_string();
+        w.known_hosts = kh.display().to_string();
+        let config = validate(raw, dir.path()).unwrap();
+        let rec = Recorder::default();
+        let ctx = Context::new(config.clone(), Arc::new(rec.clone()));
+        let err = Plan::restart(&config).run(&ctx).await.unwrap_err();
+        assert_eq!(err.failure.step, StepKind::Preflight);
+        let remedy = err.failure.remedy.clone().unwrap_or_default();
+        assert!(remedy.contains("keep serving"), "{remedy}");
+        assert!(
+            !rec.events()
+                .iter()
+                .any(|e| e.source() == &crate::event::Source::Step(StepKind::Stop)),
+            "nothing may stop"
+        );
     }
 }
