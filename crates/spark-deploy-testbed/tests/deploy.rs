@@ -57,6 +57,76 @@ async fn chat(key: &str) -> R<serde_json::Value> {
     Ok(serde_json::from_str(&r.text().await?)?)
 }
 
+/// Rank 1's opened files, mapped from container paths to the worker's paths through its mounts,
+/// against the files ConfigureWorkerStorage shipped to the worker.
+async fn opened_is_shipped(ctx: &Context, v: &spark_deploy_core::config::ValidatedConfig) -> R<()> {
+    let engine = spark_deploy_core::engine::for_config(v);
+    let specs = engine.rank_containers(v, &ctx.facts());
+    let rank1 = specs.iter().find(|s| s.rank == 1).ok_or("no rank 1 spec")?;
+    let log = ctx.log_tail(1, &rank1.name, 400).await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("\"opened\""))
+        .ok_or_else(|| format!("rank 1 printed no opened list: {log}"))?;
+    let loaded: serde_json::Value = serde_json::from_str(line.trim())?;
+    let opened: std::collections::BTreeSet<PathBuf> = loaded["opened"]
+        .as_array()
+        .ok_or("opened is not a list")?
+        .iter()
+        .filter_map(|p| p.as_str())
+        .map(|p| {
+            let m = rank1
+                .mounts
+                .iter()
+                .filter(|m| p.starts_with(&m.target))
+                .max_by_key(|m| m.target.len())
+                .ok_or_else(|| format!("{p} is on no mount of rank 1"))?;
+            Ok(PathBuf::from(format!(
+                "{}{}",
+                m.source,
+                &p[m.target.len()..]
+            )))
+        })
+        .collect::<Result<_, String>>()?;
+    let shipped: std::collections::BTreeSet<PathBuf> = engine
+        .worker_jobs(ctx, 1)
+        .await?
+        .into_iter()
+        .map(|j| j.to)
+        .collect();
+    let missing: Vec<_> = opened.difference(&shipped).collect();
+    assert!(
+        missing.is_empty(),
+        "rank 1 opened files that were not shipped: {missing:?}"
+    );
+    let in_doubt = [
+        "tokenizer_config.json",
+        "model.safetensors.index.json",
+        "MANIFEST",
+        "torch_fmha_sm120.cubin",
+    ];
+    let extra: Vec<_> = shipped
+        .difference(&opened)
+        .filter(|p| {
+            !p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| in_doubt.contains(&n))
+        })
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "shipped to the worker but never read by rank 1: {extra:?}"
+    );
+    assert!(
+        !shipped
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e == "safetensors")
+                && p.to_string_lossy().contains("/hub/")),
+        "a checkpoint shard was shipped: {shipped:?}"
+    );
+    Ok(())
+}
+
 async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
     let (hub, config) = spark_deploy_testbed::demo::prepare(info, home).await?;
     let v = validate(config, home)?;
@@ -115,6 +185,12 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
         std::fs::read_to_string(worker_cache.join(".spark-deploy-received.tsv"))?
             .contains("rank1of2-")
     );
+
+    // Copy mode shipped what rank 1 reads, no more: every file the stand-in's rank 1 opened (its
+    // loaded line, container paths) was shipped to the worker, and what was shipped but not
+    // opened is only the small files kept because they are in doubt or spark-deploy itself reads
+    // them on the worker (the kit's MANIFEST for the fingerprint).
+    opened_is_shipped(&ctx, &v).await?;
 
     // Preflight decided the GPU and RoCE checks on the nodes' fixtures, said so, and handed the
     // GID index it found in the (fixture) sysfs of each node to that node's rank.

@@ -125,6 +125,7 @@ const REQUIRED: &[&str] = &[
 ];
 
 fn read_json(path: &Path, name: &'static str, limit: u64) -> Result<Value, InputsError> {
+    super::opened::record(path);
     let meta = std::fs::metadata(path).map_err(|e| InputsError::new(name, path, e.to_string()))?;
     if meta.len() > limit {
         return Err(InputsError::new(
@@ -347,6 +348,7 @@ pub fn check_kit(
     let mut rows = u64::MAX;
     for f in ROPE_FILES {
         let p = kit.join(f);
+        super::opened::record(&p);
         let len = std::fs::metadata(&p)
             .map_err(|e| InputsError::new("NoRopeTables", &p, e.to_string()))?
             .len();
@@ -397,6 +399,28 @@ pub fn check_kit(
             &aot,
             "no \"kernels\" list",
         ));
+    }
+    // Kernel images are loaded as modules: every image aot.json lists, and the kit's prebuilt
+    // cubins (the engine's linear and expert kernels), must be readable.
+    for k in v["kernels"].as_array().into_iter().flatten() {
+        let Some(hash) = k["hash"].as_str() else {
+            return Err(InputsError::new(
+                "NoKernelImages",
+                &aot,
+                "a kernel without \"hash\"",
+            ));
+        };
+        let p = kernels.join("cubins").join(format!("{hash}.cubin"));
+        super::opened::record(&p);
+        std::fs::metadata(&p).map_err(|e| InputsError::new("NoKernelImages", &p, e.to_string()))?;
+    }
+    let cubins = kit.join("cubins");
+    if let Ok(rd) = std::fs::read_dir(&cubins) {
+        for p in rd.filter_map(Result::ok).map(|e| e.path()) {
+            if p.extension().is_some_and(|x| x == "cubin") {
+                super::opened::record(&p);
+            }
+        }
     }
     let mut bias_vl_tensors = 0;
     if cfg.vision {
@@ -542,6 +566,7 @@ impl SafetensorsHeader {
     /// # Errors
     /// A message for a short file, a header over 100 MB, bad JSON or offsets past the end.
     pub fn read(path: &Path) -> Result<Self, String> {
+        super::opened::record(path);
         let mut f = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
         let len = f.metadata().map_err(|e| e.to_string())?.len();
         let mut n = [0u8; 8];

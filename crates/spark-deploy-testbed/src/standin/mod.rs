@@ -58,6 +58,7 @@
 pub mod args;
 pub mod inputs;
 pub mod link;
+pub mod opened;
 pub mod rank_file;
 pub mod rootfs;
 pub mod server;
@@ -271,12 +272,13 @@ fn run_rank1(
     )?;
     let _ = writeln!(
         out,
-        "{{\"rank\": {}, \"loaded_s\": {}, \"pool\": {}, \"drafts\": {}, \"arena_used\": {}}}",
+        "{{\"rank\": {}, \"loaded_s\": {}, \"pool\": {}, \"drafts\": {}, \"arena_used\": {}, \"opened\": {}}}",
         a.rank,
         secs(start),
         a.pool,
         u8::from(a.drafts),
-        l.rank_file.data_len
+        l.rank_file.data_len,
+        serde_json::to_string(&opened::opened()).unwrap_or_else(|_| "[]".to_owned())
     );
     let _ = out.flush();
     let timeout = env

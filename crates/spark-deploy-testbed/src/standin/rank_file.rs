@@ -177,6 +177,7 @@ impl RankFile {
     /// # Errors
     /// [`RankFileError::BadRankCache`] naming the broken rule, [`RankFileError::Io`].
     pub fn open(path: &Path) -> Result<Self, RankFileError> {
+        super::opened::record(path);
         let io = |source| RankFileError::Io {
             path: path.to_path_buf(),
             source,

@@ -1,5 +1,8 @@
 //! What a worker's rank reads, shipped from the head: the Engram tables, the kit, the token map
-//! and its rank file in both storage modes, and the checkpoint snapshot in copy mode.
+//! and its rank file in both storage modes, and in copy mode the checkpoint's small files
+//! (`config.json`, `tokenizer.json`; `tokenizer_config.json` and the index are shipped too, being
+//! small and in doubt). No shard: a follower's weights are its rank file, and the vision tower
+//! runs on rank 0, which reads `MODEL_DIR` on the head.
 
 use std::path::Path;
 
@@ -25,11 +28,11 @@ pub(crate) fn plan(config: &ValidatedConfig, facts: &DeploymentFacts, r: usize) 
         let snap = format!("hub/{}", repo_folder(&c.model.id));
         transfers.push(Transfer {
             what: format!(
-                "checkpoint snapshot {} (config, tokenizer, index, every shard incl. vision)",
+                "the checkpoint's small files at {} (config, tokenizer, index: every file but the *.safetensors shards, which a follower never reads — its weights are its rank file, and the vision tower runs on rank 0)",
                 facts.model_commit
             ),
-            from: format!("{}/{snap}", head.hf_cache),
-            to: format!("{}/{snap}", w.hf_cache),
+            from: format!("{}/{snap}/snapshots/{}/<every file but *.safetensors>", head.hf_cache, facts.model_commit),
+            to: format!("{}/{snap}/snapshots/{}/", w.hf_cache, facts.model_commit),
         });
     }
     transfers.extend([
@@ -57,6 +60,11 @@ pub(crate) fn plan(config: &ValidatedConfig, facts: &DeploymentFacts, r: usize) 
     transfers
 }
 
+/// Whether `path` is a weight shard of the checkpoint (never read by a follower).
+fn is_shard(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "safetensors")
+}
+
 /// The files worker `i` needs now, after moving superseded rank files aside on it.
 pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxError> {
     let c = ctx.config().config();
@@ -68,7 +76,12 @@ pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxErr
     if c.deployment.worker_storage == WorkerStorage::Copy {
         let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
         let to = crate::layout::snapshot_dir(&wl.hf_cache, &c.model.id, &facts.model_commit);
-        jobs.extend(expand(&snap, &to).map_err(|e| Box::new(e) as BoxError)?);
+        jobs.extend(
+            expand(&snap, &to)
+                .map_err(|e| Box::new(e) as BoxError)?
+                .into_iter()
+                .filter(|j| !is_shard(&j.to)),
+        );
     }
     jobs.extend(
         expand(Path::new(&head.engram_dir), Path::new(&wl.engram_dir))
