@@ -99,11 +99,15 @@ async fn opened_is_shipped(ctx: &Context, v: &spark_deploy_core::config::Validat
         missing.is_empty(),
         "rank 1 opened files that were not shipped: {missing:?}"
     );
+    // In doubt, so shipped: the chat template and the index (small), the kit's rope.json (the
+    // tables' metadata) and the vision tower's cubin; spark-deploy reads the kit's MANIFEST on the
+    // worker for the fingerprint.
     let in_doubt = [
         "tokenizer_config.json",
         "model.safetensors.index.json",
-        "MANIFEST",
+        "rope.json",
         "torch_fmha_sm120.cubin",
+        "MANIFEST",
     ];
     let extra: Vec<_> = shipped
         .difference(&opened)
