@@ -85,17 +85,20 @@ pub enum SshError {
         #[source]
         source: io::Error,
     },
-    /// The node's host key is not in the known_hosts files ssh checked, or differs from it.
+    /// A host key (the node's, or its ProxyJump host's) is not in the known_hosts files ssh
+    /// checked, or differs from them.
     #[error(
         "{node}: the host key of {destination} ({resolved}) is unknown or has changed, and \
-         host keys are always checked: {reason} (remedy: verify the key's fingerprint on the \
-         node (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then add it to \
-         {known_hosts}: `{keyscan}`{via}; or set the node's known_hosts to a file that holds it)"
+         host keys are always checked: {reason} (remedy: verify the key's fingerprint on that \
+         host (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then add it to \
+         {known_hosts}: `{keyscan}`{via}; or point the ssh config's UserKnownHostsFile or the \
+         node's known_hosts at a file that holds it)"
     )]
     HostKey {
         /// Node name.
         node: String,
-        /// The destination as configured.
+        /// The hop whose key was refused: the destination as configured, or its ProxyJump
+        /// host.
         destination: String,
         /// What ssh resolved the destination to, or `unresolved`.
         resolved: String,
@@ -218,9 +221,9 @@ impl SshSession {
                 s
             }
             Err(source) => {
-                let resolved = resolve::resolve(&options, &target.destination).await;
+                let err = diagnose(node, target, &options, source).await;
                 let _ = std::fs::remove_file(&config);
-                return Err(connect_error(node, target, resolved.as_ref(), source));
+                return Err(err);
             }
         };
         Ok(Self {
@@ -331,29 +334,70 @@ fn write_private(path: &Path, contents: &[u8]) -> io::Result<()> {
     f.write_all(contents)
 }
 
-/// The error of a failed connect, with what ssh resolved the destination to.
-fn connect_error(
+/// The error of a failed connect: what ssh resolved the destination to and, behind a
+/// ProxyJump, whether the jump host itself is the hop that fails.
+async fn diagnose(
     node: String,
     target: &SshTarget,
-    resolved: Option<&Resolved>,
+    options: &MasterOptions,
     source: openssh::Error,
 ) -> SshError {
-    let reason = error_text(&source);
-    let lower = reason.to_ascii_lowercase();
-    let described = resolved.map_or_else(|| "unresolved".to_owned(), ToString::to_string);
-    let host_key = lower.contains("host key verification failed")
-        || lower.contains("host key is known")
-        || lower.contains("remote host identification has changed")
-        || lower.contains("host key for");
-    if !host_key {
-        return SshError::Connect {
+    let resolved = resolve::resolve(options.args(&target.destination)).await;
+    let mut reason = error_text(&source);
+    let jump = resolved
+        .as_ref()
+        .and_then(|r| r.proxy_jump.as_deref())
+        .and_then(options::first_hop);
+    if let Some(hop) = jump
+        && let Some(why) = resolve::probe_hop(options, &hop, target.connect_timeout).await
+    {
+        reason = format!(
+            "the ProxyJump host {hop} fails: {}; then {reason}",
+            why.trim_end_matches('.')
+        );
+        if is_host_key(&why) {
+            let hop_resolved = resolve::resolve(options.hop_args(&hop)).await;
+            return host_key_error(node, hop, hop_resolved.as_ref(), reason, source);
+        }
+    }
+    if is_host_key(&reason) {
+        return host_key_error(
             node,
-            destination: target.destination.clone(),
-            resolved: described,
+            target.destination.clone(),
+            resolved.as_ref(),
             reason,
             source,
-        };
+        );
     }
+    SshError::Connect {
+        node,
+        destination: target.destination.clone(),
+        resolved: described(resolved.as_ref()),
+        reason,
+        source,
+    }
+}
+
+fn is_host_key(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    lower.contains("host key verification failed")
+        || lower.contains("host key is known")
+        || lower.contains("remote host identification has changed")
+        || lower.contains("host key for")
+}
+
+fn described(resolved: Option<&Resolved>) -> String {
+    resolved.map_or_else(|| "unresolved".to_owned(), ToString::to_string)
+}
+
+/// [`SshError::HostKey`] for the hop whose key was refused.
+fn host_key_error(
+    node: String,
+    destination: String,
+    resolved: Option<&Resolved>,
+    reason: String,
+    source: openssh::Error,
+) -> SshError {
     let (keyscan, known_hosts, via) = match resolved {
         Some(r) => {
             let port = if r.port == 22 {
@@ -382,8 +426,8 @@ fn connect_error(
     };
     SshError::HostKey {
         node,
-        destination: target.destination.clone(),
-        resolved: described,
+        destination,
+        resolved: described(resolved),
         known_hosts,
         keyscan,
         via,

@@ -254,6 +254,37 @@ impl MasterOptions {
         a.extend(["--".into(), destination.into()]);
         a
     }
+
+    /// The options for a ProxyJump host reached on its own (none of the node's explicit
+    /// settings, which apply to the node only), ending with `--` and `hop`.
+    pub fn hop_args(&self, hop: &str) -> Vec<OsString> {
+        vec![
+            "-o".into(),
+            "BatchMode=yes".into(),
+            "-o".into(),
+            "StrictHostKeyChecking=yes".into(),
+            "-F".into(),
+            self.config_file.clone().into(),
+            "--".into(),
+            hop.into(),
+        ]
+    }
+}
+
+/// The first hop of a `ProxyJump` value (`[user@]host[:port]` or an `ssh://` URI, comma
+/// separated) as an ssh destination.
+#[must_use]
+pub fn first_hop(proxy_jump: &str) -> Option<String> {
+    let first = proxy_jump.split(',').next()?.trim();
+    if first.is_empty() || first.eq_ignore_ascii_case("none") || check_destination(first).is_err() {
+        return None;
+    }
+    let host = first.rsplit('@').next().unwrap_or(first);
+    if first.starts_with("ssh://") || !host.contains(':') || host.starts_with('[') {
+        Some(first.to_owned())
+    } else {
+        Some(format!("ssh://{first}"))
+    }
 }
 
 /// The generated config: the enforced options, then the user's and the system's config, then
@@ -347,6 +378,15 @@ mod tests {
         let t = SshTarget::new("-oProxyCommand=x");
         let r = MasterOptions::new(&t, "/tmp/c".into()).unwrap_err();
         assert_eq!((r.what, r.problem), ("destination", Unsafe::LeadingDash));
+    }
+
+    #[test]
+    fn first_hops_become_destinations() {
+        assert_eq!(first_hop("jumpy").as_deref(), Some("jumpy"));
+        assert_eq!(first_hop("me@a:2200,b").as_deref(), Some("ssh://me@a:2200"));
+        assert_eq!(first_hop("ssh://a:22").as_deref(), Some("ssh://a:22"));
+        assert_eq!(first_hop("-oProxyCommand=x"), None);
+        assert_eq!(first_hop("none"), None);
     }
 
     #[test]

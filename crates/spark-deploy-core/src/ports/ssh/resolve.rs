@@ -1,8 +1,10 @@
 //! The settings ssh resolves for a target (`ssh -G`: the ssh config and the defaults applied,
 //! nothing connected), to say in errors what ssh actually tried.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::process::Stdio;
+use std::time::Duration;
 
 use super::options::MasterOptions;
 
@@ -96,23 +98,57 @@ impl fmt::Display for Resolved {
     }
 }
 
-/// Runs `ssh -G` with `options` for `destination`. The generated config must exist.
-/// Returns `None` when ssh cannot resolve (its complaint is then in the connect error).
-pub(crate) async fn resolve(options: &MasterOptions, destination: &str) -> Option<Resolved> {
+/// Runs `ssh -G` with `args` (ending with `--` and the destination). The generated config
+/// must exist. Returns `None` when ssh cannot resolve (its complaint is then in the connect
+/// error).
+pub(crate) async fn resolve(args: Vec<OsString>) -> Option<Resolved> {
     let mut cmd = tokio::process::Command::new("ssh");
     cmd.arg("-G")
-        .args(options.args(destination))
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true);
-    let out = tokio::time::timeout(std::time::Duration::from_secs(10), cmd.output())
+    let out = tokio::time::timeout(Duration::from_secs(10), cmd.output())
         .await
         .ok()?
         .ok()?;
     out.status
         .success()
         .then(|| Resolved::parse(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Logs in to a ProxyJump host on its own (`true` as the command), because ssh discards what
+/// the ssh it runs for the jump prints. Returns ssh's complaint when the hop fails.
+pub(crate) async fn probe_hop(
+    options: &MasterOptions,
+    hop: &str,
+    timeout: Duration,
+) -> Option<String> {
+    let mut cmd = tokio::process::Command::new("ssh");
+    cmd.arg("-T")
+        .arg("-o")
+        .arg(format!("ConnectTimeout={}", timeout.as_secs().max(1)))
+        .args(options.hop_args(hop))
+        .arg("true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(s) = &options.agent_socket {
+        cmd.env("SSH_AUTH_SOCK", s);
+    }
+    match tokio::time::timeout(timeout + Duration::from_secs(5), cmd.output()).await {
+        Err(_) => Some(format!("no answer within {timeout:?}")),
+        Ok(Err(e)) => Some(format!("cannot run ssh: {e}")),
+        Ok(Ok(out)) if out.status.success() => None,
+        Ok(Ok(out)) => Some(
+            String::from_utf8_lossy(&out.stderr)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -153,7 +189,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let o = MasterOptions::new(target, dir.path().join("ssh_config")).unwrap();
         std::fs::write(&o.config_file, &o.config_text).unwrap();
-        resolve(&o, &target.destination)
+        resolve(o.args(&target.destination))
             .await
             .expect("ssh -G resolves")
     }
