@@ -11,7 +11,6 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use spark_deploy_core::config::{DeploymentConfig, validate};
@@ -21,6 +20,7 @@ use spark_deploy_core::ports::ssh::SshError;
 use spark_deploy_core::ports::{NodeTarget, SshTarget};
 use spark_deploy_testbed::cluster::keys::known_hosts_line;
 use spark_deploy_testbed::cluster::{TestbedInfo, WorkerInfo, labels, worker};
+use spark_deploy_testbed::ssh_agent::SshAgent;
 
 mod common;
 
@@ -299,55 +299,6 @@ fn ssh_error(err: &spark_deploy_core::ports::ExecError) -> R<&SshError> {
         .ok_or_else(|| format!("not an SSH error: {err:?}"))?)
 }
 
-/// An `ssh-agent` of this test, on its own socket; killed when dropped.
-struct Agent {
-    child: tokio::process::Child,
-    socket: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Agent {
-    async fn start() -> R<Self> {
-        let dir = tempfile::tempdir()?;
-        let socket = dir.path().join("agent.sock");
-        let child = tokio::process::Command::new("ssh-agent")
-            .arg("-D")
-            .arg("-a")
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?;
-        for _ in 0..100 {
-            if socket.exists() {
-                return Ok(Self {
-                    child,
-                    socket,
-                    _dir: dir,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err("ssh-agent did not create its socket within 5 s".into())
-    }
-
-    async fn ssh_add(&self, args: &[&std::ffi::OsStr]) -> R<String> {
-        let out = tokio::process::Command::new("ssh-add")
-            .args(args)
-            .env("SSH_AUTH_SOCK", &self.socket)
-            .stdin(Stdio::null())
-            .output()
-            .await?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() && args != [std::ffi::OsStr::new("-l")] {
-            return Err(format!("ssh-add {args:?}: {text}").into());
-        }
-        Ok(text)
-    }
-}
-
 /// (b) The only key the worker accepts, held only by an ssh-agent: no identity file in the
 /// config, in the ssh config or in `~/.ssh`.
 async fn only_key_in_ssh_agent(w: &WorkerInfo, host_key: &str) -> R<()> {
@@ -364,16 +315,15 @@ async fn only_key_in_ssh_agent(w: &WorkerInfo, host_key: &str) -> R<()> {
             kh.display()
         ),
     )?;
-    let agent = Agent::start().await?;
-    agent.ssh_add(&[w.identity_file.as_os_str()]).await?;
-    let listed = agent.ssh_add(&[std::ffi::OsStr::new("-l")]).await?;
-    assert!(listed.contains("ED25519"), "{listed}");
+    let agent = SshAgent::start().await?;
+    agent.add(&w.identity_file).await?;
+    assert_eq!(agent.list().await?.len(), 1);
 
     let mut t = target_for(home.path(), |c| c.nodes[1].ssh = "root@sparky".into())?;
     assert_eq!((&t.identity_file, &t.known_hosts), (&None, &None));
     // What `SSH_AUTH_SOCK` in the environment does; set on the target so the test does not
     // change its own environment.
-    t.agent_socket = Some(agent.socket.clone());
+    t.agent_socket = Some(agent.socket().to_owned());
     let exec = Exec::connect("worker-1", &NodeTarget::Ssh(t.clone())).await?;
     let (_, port, user, host) = whoami(&exec).await?;
     assert_eq!(
@@ -388,7 +338,7 @@ async fn only_key_in_ssh_agent(w: &WorkerInfo, host_key: &str) -> R<()> {
     );
 
     // The agent is what authenticated: emptied, the same target is refused.
-    agent.ssh_add(&[std::ffi::OsStr::new("-D")]).await?;
+    agent.remove_all().await?;
     let err = Exec::connect("worker-1", &NodeTarget::Ssh(t))
         .await
         .expect_err("without the agent's key the worker must refuse");
@@ -399,6 +349,5 @@ async fn only_key_in_ssh_agent(w: &WorkerInfo, host_key: &str) -> R<()> {
     );
     assert!(msg.contains("Permission denied"), "{msg}");
     assert!(msg.contains("ssh-agent's keys"), "{msg}");
-    drop(agent.child);
     Ok(())
 }
