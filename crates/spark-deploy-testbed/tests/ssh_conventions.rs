@@ -192,9 +192,16 @@ async fn alias_from_ssh_config(w: &WorkerInfo, host_key: &str) -> R<()> {
         ),
     )?;
     let h = home.path();
+    // An empty agent stands in for any agent this test inherited, so the key that logs in is
+    // the alias's IdentityFile.
+    let no_keys = SshAgent::start().await?;
+    let quiet = |t: SshTarget| SshTarget {
+        agent_socket: Some(no_keys.socket().to_owned()),
+        ..t
+    };
 
     // `ssh = "sparky"`, no ssh_port, identity_file or known_hosts: all from the alias.
-    let t = target_for(h, |c| c.nodes[1].ssh = "sparky".into())?;
+    let t = quiet(target_for(h, |c| c.nodes[1].ssh = "sparky".into())?);
     assert_eq!(
         (t.port, &t.identity_file, &t.known_hosts),
         (None, &None, &None)
@@ -213,7 +220,7 @@ async fn alias_from_ssh_config(w: &WorkerInfo, host_key: &str) -> R<()> {
     );
 
     // The alias's `User`.
-    let t = target_for(h, |c| c.nodes[1].ssh = "sparky-as-user".into())?;
+    let t = quiet(target_for(h, |c| c.nodes[1].ssh = "sparky-as-user".into())?);
     let exec = Exec::connect("worker-1", &NodeTarget::Ssh(t)).await?;
     let (_, _, user, _) = whoami(&exec).await?;
     assert_eq!(user, OTHER_USER);
@@ -221,7 +228,7 @@ async fn alias_from_ssh_config(w: &WorkerInfo, host_key: &str) -> R<()> {
 
     // `ProxyJump`: the session arrives from inside the worker (127.0.0.1), and Docker works
     // through it too.
-    let t = target_for(h, |c| c.nodes[1].ssh = "sparky-behind".into())?;
+    let t = quiet(target_for(h, |c| c.nodes[1].ssh = "sparky-behind".into())?);
     let exec = Exec::connect("worker-1", &NodeTarget::Ssh(t.clone())).await?;
     let (client, port, _, host) = whoami(&exec).await?;
     assert_eq!(
@@ -236,18 +243,18 @@ async fn alias_from_ssh_config(w: &WorkerInfo, host_key: &str) -> R<()> {
     );
 
     // Explicit fields override the alias: port 22 with the testbed's own known_hosts.
-    let t = target_for(h, |c| {
+    let t = quiet(target_for(h, |c| {
         c.nodes[1].ssh = "sparky".into();
         c.nodes[1].ssh_port = Some(22);
         c.nodes[1].known_hosts = w.known_hosts.display().to_string();
-    })?;
+    })?);
     let exec = Exec::connect("worker-1", &NodeTarget::Ssh(t)).await?;
     let (_, port, _, _) = whoami(&exec).await?;
     assert_eq!(port, 22);
     exec.close().await?;
 
     // Host keys stay strictly checked though the user's config says otherwise.
-    let t = target_for(h, |c| c.nodes[1].ssh = "sparky-lax".into())?;
+    let t = quiet(target_for(h, |c| c.nodes[1].ssh = "sparky-lax".into())?);
     let err = Exec::connect("worker-1", &NodeTarget::Ssh(t))
         .await
         .expect_err("an unknown host key must be refused");
@@ -269,7 +276,9 @@ async fn alias_from_ssh_config(w: &WorkerInfo, host_key: &str) -> R<()> {
         "nothing was added to known_hosts"
     );
     // ... and on the ProxyJump host too, named as the hop that fails.
-    let t = target_for(h, |c| c.nodes[1].ssh = "sparky-behind-lax-jump".into())?;
+    let t = quiet(target_for(h, |c| {
+        c.nodes[1].ssh = "sparky-behind-lax-jump".into()
+    })?);
     let err = Exec::connect("worker-1", &NodeTarget::Ssh(t))
         .await
         .expect_err("an unknown jump host key must be refused");
