@@ -204,6 +204,8 @@ impl SshSession {
                 source,
             }
         })?;
+        // Removed however this function ends, a cancelled connect included.
+        let _config_file = RemoveOnDrop(config);
 
         let mut b = SessionBuilder::default();
         options.apply(&mut b);
@@ -214,17 +216,9 @@ impl SshSession {
                 NonZeroUsize::new(usize::try_from(CONTROL_PERSIST_IDLE.as_secs()).unwrap_or(1800))
                     .unwrap_or(NonZeroUsize::MIN),
             ));
-        let session = b.connect(&target.destination).await;
-        let session = match session {
-            Ok(s) => {
-                let _ = std::fs::remove_file(&config);
-                s
-            }
-            Err(source) => {
-                let err = diagnose(node, target, &options, source).await;
-                let _ = std::fs::remove_file(&config);
-                return Err(err);
-            }
+        let session = match b.connect(&target.destination).await {
+            Ok(s) => s,
+            Err(source) => return Err(diagnose(node, target, &options, source).await),
         };
         Ok(Self {
             node,
@@ -268,6 +262,15 @@ impl SshSession {
             Ok(s) => s.close().await,
             Err(_) => Ok(()),
         }
+    }
+}
+
+/// A file removed when this goes out of scope.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

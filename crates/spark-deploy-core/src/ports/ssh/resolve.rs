@@ -48,8 +48,8 @@ impl Resolved {
                 "port" => r.port = value.parse().unwrap_or(0),
                 "identityfile" => r.identity_files.push(value.to_owned()),
                 "identitiesonly" => r.identities_only = value == "yes",
-                // Several files are separated by spaces; a quoted file name with a space
-                // is printed as is, so keep the line whole when it names one existing file.
+                // Files are separated by spaces, but a file name with a space is printed
+                // unquoted: the whole value is one file when such a file exists.
                 "userknownhostsfile" => r.known_hosts.extend(split_files(value)),
                 "globalknownhostsfile" => global.extend(split_files(value)),
                 "proxyjump" if value != "none" => r.proxy_jump = Some(value.to_owned()),
