@@ -187,15 +187,9 @@ impl SshSession {
         let options = MasterOptions::new(target, config.clone()).map_err(|r| SshError::Unsafe {
             node: node.clone(),
             what: r.what,
+            remedy: r.remedy(),
             value: r.value,
             problem: r.problem,
-            remedy: match r.what {
-                "destination" => {
-                    "set the node's ssh to `user@host`, `host` or a Host alias of ~/.ssh/config"
-                }
-                "home directory" => "run with HOME set to a plain absolute path",
-                _ => "use a path without quotes, backslashes, '%', '${' or control characters",
-            },
         })?;
         write_private(&config, options.config_text.as_bytes()).map_err(|source| {
             SshError::ControlDir {
@@ -464,6 +458,20 @@ mod tests {
         assert!(dir.as_os_str().len() < 40, "{}", dir.display());
         let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[tokio::test]
+    async fn a_destination_ssh_would_read_as_an_option_never_reaches_ssh() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let t = SshTarget::new(format!("-oProxyCommand=touch {}", marker.display()));
+        let err = SshSession::connect("worker-1", &t).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, SshError::Unsafe { .. }), "{msg}");
+        assert!(msg.starts_with("worker-1: the SSH destination "), "{msg}");
+        assert!(msg.contains("starts with '-'"), "{msg}");
+        assert!(msg.contains("remedy: set the node's ssh to"), "{msg}");
+        assert!(!marker.exists());
     }
 
     #[test]

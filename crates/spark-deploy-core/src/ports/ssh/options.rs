@@ -148,6 +148,20 @@ pub struct Refused {
     pub problem: Unsafe,
 }
 
+impl Refused {
+    /// What to do instead.
+    #[must_use]
+    pub fn remedy(&self) -> &'static str {
+        match self.what {
+            "destination" => {
+                "set the node's ssh to `user@host`, `host` or a Host alias of ~/.ssh/config"
+            }
+            "home directory" => "run with HOME set to a plain absolute path",
+            _ => "use a path without quotes, backslashes, '%', '${' or control characters",
+        }
+    }
+}
+
 /// Everything ssh is given for one target, besides the control options of the master.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MasterOptions {
