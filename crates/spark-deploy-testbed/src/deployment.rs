@@ -36,7 +36,7 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
     let mut nodes = vec![head];
     for w in &info.workers {
         let mut n = NodeConfig::worker(&w.name, &w.ssh_destination);
-        n.ssh_port = w.ssh_port;
+        n.ssh_port = Some(w.ssh_port);
         n.identity_file = w.identity_file.display().to_string();
         n.known_hosts = w.known_hosts.display().to_string();
         n.fabric_addr = Some(w.fabric_addr);

@@ -141,7 +141,7 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
     // Worker SSH refused, then an unknown host key.
     let mut c = good.clone();
-    c.nodes[1].ssh_port = 1;
+    c.nodes[1].ssh_port = Some(1);
     let (passed, t) = preflight(&c, home).await?;
     assert!(!passed);
     let r = row(&t, "ssh", "worker-1")?;

@@ -374,15 +374,19 @@ pub enum PreparePolicy {
 pub struct NodeConfig {
     /// Node name used in plans, events and errors (`[a-z0-9-]`).
     pub name: String,
-    /// `local` for the head; `user@host` for a worker (`WORKER`).
+    /// `local` for the head; for a worker (`WORKER`) what `ssh` is given: `user@host`, `host`
+    /// or a `Host` alias of `~/.ssh/config`.
     pub ssh: String,
-    /// SSH port.
-    #[serde(default = "default_ssh_port")]
-    pub ssh_port: u16,
-    /// SSH identity file; empty = ssh's default.
+    /// SSH port; unset = ssh's own (the ssh config's `Port`, else 22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_port: Option<u16>,
+    /// SSH identity file, offered first (ssh-agent's other keys are then not offered);
+    /// empty = ssh's own choice (ssh-agent, the ssh config's `IdentityFile`, the default
+    /// identities).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub identity_file: String,
-    /// known_hosts file; empty = ssh's default. Host keys are always checked.
+    /// known_hosts file; empty = ssh's own (the ssh config's `UserKnownHostsFile`, else
+    /// `~/.ssh/known_hosts`). Host keys are always strictly checked.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub known_hosts: String,
     /// The node's ConnectX-7 IPv4 (`FABRIC_PEER` for the worker); absent = detected at preflight.
@@ -406,9 +410,6 @@ pub struct NodeConfig {
     pub image: String,
 }
 
-fn default_ssh_port() -> u16 {
-    22
-}
 fn default_network_mode() -> String {
     "host".into()
 }
@@ -436,7 +437,7 @@ impl NodeConfig {
         Self {
             name: name.into(),
             ssh: ssh.into(),
-            ssh_port: default_ssh_port(),
+            ssh_port: None,
             identity_file: String::new(),
             known_hosts: String::new(),
             fabric_addr: None,

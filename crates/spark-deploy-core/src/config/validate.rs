@@ -13,6 +13,7 @@ use super::ConfigError;
 use super::env::OPAQUE_SWITCHES;
 use super::schema::DeploymentConfig;
 use crate::engine::limits::EngineLimits;
+use crate::ports::ssh::options::{check_destination, check_path};
 
 /// One refused field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -427,12 +428,44 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
         }
         if i > 0 {
             let dest = node.ssh.rsplit('@').next().unwrap_or("");
-            if node.is_local() || dest.is_empty() || node.ssh.contains(char::is_whitespace) {
+            let unsafe_dest = check_destination(&node.ssh).err();
+            if node.is_local() || dest.is_empty() || unsafe_dest.is_some() {
                 c.refuse(
                     format!("{p}.ssh"),
                     format!("{:?}", node.ssh),
-                    "an ssh target `user@host` or `host` for a worker (set WORKER)",
+                    format!(
+                        "an ssh destination for a worker (set WORKER): `user@host`, `host` or a \
+                         Host alias of ~/.ssh/config{}",
+                        unsafe_dest
+                            .map(|u| format!("; this one {u}"))
+                            .unwrap_or_default()
+                    ),
                 );
+            }
+            if node.ssh_port == Some(0) {
+                c.refuse(
+                    format!("{p}.ssh_port"),
+                    0,
+                    "1 to 65535, or unset for ssh's own (the ssh config's Port, else 22)",
+                );
+            }
+            for (field, value) in [
+                ("identity_file", &node.identity_file),
+                ("known_hosts", &node.known_hosts),
+            ] {
+                if let Some(problem) = (!value.is_empty())
+                    .then(|| check_path(value).err())
+                    .flatten()
+                {
+                    c.refuse(
+                        format!("{p}.{field}"),
+                        format!("{value:?}"),
+                        format!(
+                            "a file path ssh reads as written (this one {problem}), or unset for \
+                             ssh's own resolution through ~/.ssh/config"
+                        ),
+                    );
+                }
             }
         }
         if node.network_mode != "host"
@@ -589,6 +622,33 @@ mod tests {
             refused_field(|c| c.serving.max_tokens = 40_000_000),
             "serving.max_tokens"
         );
+    }
+
+    #[test]
+    fn ssh_values_that_ssh_would_misread_are_refused_with_the_reason() {
+        let e = check(|c| c.nodes[1].ssh = "-oProxyCommand=touch /tmp/x".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nodes[1].ssh = "), "{e}");
+        assert!(e.contains("starts with '-'"), "{e}");
+        assert!(e.contains("Host alias of ~/.ssh/config"), "{e}");
+        let e = check(|c| c.nodes[1].known_hosts = "/k/kh\nProxyCommand x".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nodes[1].known_hosts = "), "{e}");
+        assert!(e.contains("newline"), "{e}");
+        assert_eq!(
+            refused_field(|c| c.nodes[1].identity_file = "/k/%h".into()),
+            "nodes[1].identity_file"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[1].ssh_port = Some(0)),
+            "nodes[1].ssh_port"
+        );
+        // An alias, no port, no key, no known_hosts: all left to ssh.
+        let v = check(|c| c.nodes[1].ssh = "sparky".into()).unwrap();
+        let w = &v.config().nodes[1];
+        assert_eq!((w.ssh_port, w.identity_file.as_str()), (None, ""));
     }
 
     #[test]

@@ -1235,9 +1235,8 @@ mod tests {
                 source: Box::new(SshError::Connect {
                     node: "worker-1".into(),
                     destination: "me@spark-2".into(),
-                    port: 22,
-                    known_hosts: "/home/me/.ssh/known_hosts".into(),
-                    identity: "/home/me/.ssh/id_ed25519".into(),
+                    resolved: "me@spark-2 port 22".into(),
+                    reason: "failed to connect to the remote host".into(),
                     source: openssh::Error::Connect(std::io::Error::other(stderr.to_owned())),
                 }),
             };

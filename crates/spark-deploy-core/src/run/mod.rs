@@ -235,7 +235,7 @@ mod tests {
         raw.deployment.state_dir = dir.join("state").display().to_string();
         let w = &mut raw.nodes[1];
         w.ssh = "root@127.0.0.1".into();
-        w.ssh_port = port;
+        w.ssh_port = Some(port);
         w.identity_file = id.display().to_string();
         w.known_hosts = kh.display().to_string();
         validate(raw, dir).unwrap()

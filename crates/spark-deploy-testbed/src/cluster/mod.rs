@@ -184,11 +184,10 @@ impl WorkerInfo {
     /// The SSH target of this worker (10 s connect timeout).
     pub fn ssh_target(&self) -> SshTarget {
         SshTarget {
-            destination: self.ssh_destination.clone(),
-            port: self.ssh_port,
-            identity_file: self.identity_file.clone(),
-            known_hosts: self.known_hosts.clone(),
-            connect_timeout: Duration::from_secs(10),
+            port: Some(self.ssh_port),
+            identity_file: Some(self.identity_file.clone()),
+            known_hosts: Some(self.known_hosts.clone()),
+            ..SshTarget::new(self.ssh_destination.clone())
         }
     }
 
