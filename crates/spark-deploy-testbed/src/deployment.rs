@@ -40,5 +40,6 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
         nodes.push(n);
     }
     c.nodes = nodes;
+    crate::host_facts::configure(info, &mut c);
     c
 }

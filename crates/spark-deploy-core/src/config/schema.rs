@@ -259,6 +259,9 @@ pub struct EngineSection {
     pub commit: String,
     /// Rendezvous TCP port on the head's fabric address (`TF_TP_PORT`).
     pub rendezvous_port: u16,
+    /// The container runtime both ranks run under (`--runtime`); preflight checks that every
+    /// node's Docker daemon has it registered.
+    pub runtime: String,
     /// `TF_DS_REPLAY_FLOOR=1` on both ranks.
     pub replay_floor: bool,
     /// `TF_DS_GRAPHS` / `--graphs`.
@@ -284,6 +287,7 @@ impl Default for EngineSection {
             patches: Vec::new(),
             commit: "59402086381a42c74d53053443224eec2790b4c5".into(),
             rendezvous_port: 29620,
+            runtime: "nvidia".into(),
             replay_floor: true,
             graphs: true,
             hc_side: true,
@@ -389,6 +393,13 @@ pub struct NodeConfig {
     /// Root of spark-deploy's data on the node (rank cache, kit, Engram, engine, logs).
     #[serde(default = "default_data_dir")]
     pub data_dir: String,
+    /// Directories searched before the default PATH for the host tools preflight runs on the
+    /// node (`nvidia-smi`, ...), e.g. `/usr/local/nvidia/bin`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
+    /// Where the node's sysfs is read (fabric netdev MTU, RoCE devices and GID tables).
+    #[serde(default = "default_sysfs_root")]
+    pub sysfs_root: String,
 }
 
 fn default_ssh_port() -> u16 {
@@ -402,6 +413,9 @@ fn default_docker_socket() -> String {
 }
 fn default_data_dir() -> String {
     "~/.cache/spark-deploy".into()
+}
+fn default_sysfs_root() -> String {
+    "/sys".into()
 }
 
 impl NodeConfig {
@@ -429,6 +443,8 @@ impl NodeConfig {
             docker_socket: default_docker_socket(),
             hf_cache: String::new(),
             data_dir: default_data_dir(),
+            path: Vec::new(),
+            sysfs_root: default_sysfs_root(),
         }
     }
 

@@ -309,6 +309,18 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     if config.engine.image.is_empty() {
         c.refuse("engine.image", "\"\"", "an image reference");
     }
+    let rt = &config.engine.runtime;
+    if rt.is_empty()
+        || !rt
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+    {
+        c.refuse(
+            "engine.runtime",
+            format!("{rt:?}"),
+            "the name of a runtime registered in Docker (`docker info` lists them; \"nvidia\" for the NVIDIA Container Toolkit)",
+        );
+    }
     if config.engine.base_image.is_empty() {
         c.refuse(
             "engine.base_image",
@@ -446,6 +458,22 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
                 &node.network_mode,
                 "\"host\" or \"container:<name>\"",
             );
+        }
+        if !Path::new(&node.sysfs_root).is_absolute() {
+            c.refuse(
+                format!("{p}.sysfs_root"),
+                format!("{:?}", node.sysfs_root),
+                "an absolute path on the node (\"/sys\")",
+            );
+        }
+        for dir in &node.path {
+            if !Path::new(dir).is_absolute() || dir.contains(':') {
+                c.refuse(
+                    format!("{p}.path"),
+                    format!("{dir:?}"),
+                    "absolute directories on the node, without ':'",
+                );
+            }
         }
         if let Some(addr) = node.fabric_addr
             && (addr.is_unspecified()
