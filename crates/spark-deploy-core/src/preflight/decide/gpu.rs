@@ -42,7 +42,7 @@ fn runtime(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Option<bo
     match &f.runtimes {
         Some(Ok(runtimes)) => {
             let observed = format!("ranks use {}; runtimes: {}", s.runtime, runtimes.join(", "));
-            out.push(if runtimes.iter().any(|r| *r == s.runtime) {
+            out.push(if runtimes.contains(&s.runtime) {
                 CheckResult::ok(Check::DockerRuntime, n, observed)
             } else if s.runtime == NVIDIA_RUNTIME {
                 CheckResult::fail(Check::DockerRuntime, n, observed, TOOLKIT_FIX)
