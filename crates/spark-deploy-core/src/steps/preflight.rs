@@ -127,13 +127,15 @@ async fn read_meminfo(exec: &Exec) -> Result<String, String> {
         .map_err(|e| error_chain(&e))
 }
 
-/// `MemAvailable` when it is readable and below `floor` (worth waiting for).
+/// `MemAvailable` when it is readable and below `floor`, and the floor is reachable at all
+/// (`MemTotal` reaches it): worth waiting for.
 fn below_floor(meminfo: &Result<String, String>, floor: u64) -> Option<u64> {
-    meminfo
-        .as_ref()
-        .ok()
-        .and_then(|m| crate::preflight::meminfo::mem_available(m))
-        .filter(|a| *a < floor)
+    use crate::preflight::meminfo::{mem_available, mem_total};
+    let m = meminfo.as_ref().ok()?;
+    if mem_total(m).is_some_and(|t| t < floor) {
+        return None;
+    }
+    mem_available(m).filter(|a| *a < floor)
 }
 
 /// The driver's view through `nvidia-smi` on the node (its `path` searched first).
@@ -595,6 +597,11 @@ mod tests {
         assert_eq!(below_floor(&m, 1 << 30), None);
         assert_eq!(below_floor(&Err("x".into()), 2 << 30), None);
         assert_eq!(below_floor(&Ok("MemTotal: 5 kB".into()), 2 << 30), None);
+        // A floor above the machine's memory is never reached: no wait, the check fails at once.
+        let small = Ok("MemTotal: 2097152 kB\nMemAvailable: 1048576 kB\n".to_owned());
+        assert_eq!(below_floor(&small, 1 << 30), None);
+        assert_eq!(below_floor(&small, 2 << 30), Some(1 << 30));
+        assert_eq!(below_floor(&small, 3 << 30), None);
     }
 
     #[test]
