@@ -557,6 +557,29 @@ mod tests {
     }
 
     #[test]
+    fn runtime_sysfs_root_and_path_are_checked() {
+        assert_eq!(
+            refused_field(|c| c.engine.runtime = "nvidia runc".into()),
+            "engine.runtime"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[1].sysfs_root = "sys".into()),
+            "nodes[1].sysfs_root"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[0].path = vec!["/a:/b".into()]),
+            "nodes[0].path"
+        );
+        let v = check(|c| {
+            c.engine.runtime = "runc".into();
+            c.nodes[0].path = vec!["/usr/local/nvidia/bin".into()];
+            c.nodes[1].sysfs_root = "/srv/facts/sys".into();
+        })
+        .unwrap();
+        assert_eq!(v.config().nodes[1].sysfs_root, "/srv/facts/sys");
+    }
+
+    #[test]
     fn defaults_pass_with_warnings() {
         let v = check(|_| {}).unwrap();
         let fields: Vec<_> = v.warnings().iter().map(|w| w.field.as_str()).collect();
