@@ -5,6 +5,7 @@
 //! - the peer reachable only over the management network (the testbed's second network),
 //! - an MTU mismatch (the worker's fabric netdev set to 1400 inside its network namespace),
 //! - `MemAvailable` below the floor (the floor set above this machine's memory),
+//! - a rank's weights larger than this machine (a sparse 24 GiB rank file on the head),
 //! - the API port in use on the head,
 //! - worker SSH refused (wrong port) and an unknown host key (empty known_hosts),
 //! - ranks meant to run under the NVIDIA runtime, which the testbed's daemon does not have,
@@ -234,6 +235,32 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     assert!(!passed);
     failed(&t, Check::MemoryAvailable, "head", "drop_caches")?;
     failed(&t, Check::MemoryAvailable, "worker-1", "drop_caches")?;
+
+    // Rank weights larger than this machine: a rank file of 24 GiB on the head (sparse: its size
+    // is what the engine counts, not its blocks) leaves no CONTEXT that fits.
+    let v = validate(good.clone(), home)?;
+    let rank_cache =
+        Path::new(&spark_deploy_core::layout::NodeLayout::of(&v, &v.config().nodes[0]).inputs_dir)
+            .join("rank-cache");
+    std::fs::create_dir_all(&rank_cache)?;
+    let big = rank_cache.join("rank0of2-0123456789abcdef0123.bin");
+    std::fs::File::create(&big)?.set_len(24 << 30)?;
+    let result = preflight(&good, home).await;
+    std::fs::remove_file(&big)?;
+    let (passed, t) = result?;
+    assert!(!passed);
+    failed(&t, Check::MemoryBudget, "head", "no CONTEXT fits")?;
+    assert!(
+        row(&t, Check::MemoryBudget, "head")?
+            .observed
+            .starts_with("weights 24.0 (rank file)"),
+        "{}",
+        t.to_table()
+    );
+    assert_eq!(
+        row(&t, Check::MemoryBudget, "worker-1")?.verdict,
+        Verdict::Ok
+    );
 
     // The API port in use on the head.
     let listener = std::net::TcpListener::bind(("0.0.0.0", good.serving.port))?;
