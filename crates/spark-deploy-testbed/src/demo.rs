@@ -96,6 +96,5 @@ pub async fn prepare_with_engine(
     config.model.kit_repo = KIT.into();
     config.model.kit_revision = hub.commit(KIT).ok_or("kit commit")?;
     crate::engine::prepare(&mut config, home, standin).await?;
-    crate::host_facts::install(&config, home).await?;
     Ok((hub, config))
 }

@@ -19,7 +19,6 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
     let mut c = DeploymentConfig::default();
     c.deployment.name = "sd-testbed".into();
     c.engine.shape_guard = false;
-    c.deployment.testbed = true;
     c.deployment.worker_storage = WorkerStorage::Copy;
     let head_dir = info.state_dir.join("head");
     c.deployment.state_dir = head_dir.join("state").display().to_string();
@@ -47,5 +46,6 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
         nodes.push(n);
     }
     c.nodes = nodes;
+    crate::host_facts::configure(info, &mut c);
     c
 }

@@ -148,6 +148,7 @@ mod tests {
         node.fabric_addr = Some(std::net::Ipv4Addr::new(198, 18, 0, 2));
         node.hf_cache = "x".into();
         node.image = "x".into();
+        node.path = vec!["/x".into()];
         full.nodes.push(node);
         full.engine
             .switches

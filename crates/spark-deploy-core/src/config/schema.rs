@@ -81,9 +81,6 @@ pub struct DeploymentSection {
     pub worker_storage: WorkerStorage,
     /// Local state: lock, API key, recorded revisions (`~` is the head's home).
     pub state_dir: String,
-    /// The nodes are the spark-deploy testbed: no GPU, RDMA or NVIDIA runtime is required and the
-    /// engine binaries are the stand-in.
-    pub testbed: bool,
 }
 
 impl Default for DeploymentSection {
@@ -93,7 +90,6 @@ impl Default for DeploymentSection {
             engine: EngineProfileName::TensorfoldDsv41,
             worker_storage: WorkerStorage::Nfs,
             state_dir: "~/.local/state/spark-deploy".into(),
-            testbed: false,
         }
     }
 }
@@ -265,6 +261,9 @@ pub struct EngineSection {
     pub commit: String,
     /// Rendezvous TCP port on the head's fabric address (`TF_TP_PORT`).
     pub rendezvous_port: u16,
+    /// The container runtime both ranks run under (`--runtime`); preflight checks that every
+    /// node's Docker daemon has it registered.
+    pub runtime: String,
     /// `TF_DS_REPLAY_FLOOR=1` on both ranks.
     pub replay_floor: bool,
     /// `TF_DS_GRAPHS` / `--graphs`.
@@ -294,6 +293,7 @@ impl Default for EngineSection {
             patches: Vec::new(),
             commit: "59402086381a42c74d53053443224eec2790b4c5".into(),
             rendezvous_port: 29620,
+            runtime: "nvidia".into(),
             replay_floor: true,
             graphs: true,
             hc_side: true,
@@ -408,6 +408,13 @@ pub struct NodeConfig {
     /// not the reference, identifies the image.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,
+    /// Directories searched before the default PATH for the host tools preflight runs on the
+    /// node (`nvidia-smi`, ...), e.g. `/usr/local/nvidia/bin`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
+    /// Where the node's sysfs is read (fabric netdev MTU, RoCE devices and GID tables).
+    #[serde(default = "default_sysfs_root")]
+    pub sysfs_root: String,
 }
 
 fn default_network_mode() -> String {
@@ -418,6 +425,9 @@ fn default_docker_socket() -> String {
 }
 fn default_data_dir() -> String {
     "~/.cache/spark-deploy".into()
+}
+fn default_sysfs_root() -> String {
+    "/sys".into()
 }
 
 impl NodeConfig {
@@ -446,6 +456,8 @@ impl NodeConfig {
             hf_cache: String::new(),
             data_dir: default_data_dir(),
             image: String::new(),
+            path: Vec::new(),
+            sysfs_root: default_sysfs_root(),
         }
     }
 

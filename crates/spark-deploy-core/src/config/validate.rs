@@ -310,6 +310,18 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     if config.engine.image.is_empty() {
         c.refuse("engine.image", "\"\"", "an image reference");
     }
+    let rt = &config.engine.runtime;
+    if rt.is_empty()
+        || !rt
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+    {
+        c.refuse(
+            "engine.runtime",
+            format!("{rt:?}"),
+            "the name of a runtime registered in Docker (`docker info` lists them; \"nvidia\" for the NVIDIA Container Toolkit)",
+        );
+    }
     if config.engine.base_image.is_empty() {
         c.refuse(
             "engine.base_image",
@@ -480,6 +492,22 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
                 "\"host\" or \"container:<name>\"",
             );
         }
+        if !Path::new(&node.sysfs_root).is_absolute() {
+            c.refuse(
+                format!("{p}.sysfs_root"),
+                format!("{:?}", node.sysfs_root),
+                "an absolute path on the node (\"/sys\")",
+            );
+        }
+        for dir in &node.path {
+            if !Path::new(dir).is_absolute() || dir.contains(':') {
+                c.refuse(
+                    format!("{p}.path"),
+                    format!("{dir:?}"),
+                    "absolute directories on the node, without ':'",
+                );
+            }
+        }
         if let Some(addr) = node.fabric_addr
             && (addr.is_unspecified()
                 || addr.is_loopback()
@@ -568,6 +596,29 @@ mod tests {
             Err(ConfigError::Invalid { problems }) => problems[0].field.clone(),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn runtime_sysfs_root_and_path_are_checked() {
+        assert_eq!(
+            refused_field(|c| c.engine.runtime = "nvidia runc".into()),
+            "engine.runtime"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[1].sysfs_root = "sys".into()),
+            "nodes[1].sysfs_root"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[0].path = vec!["/a:/b".into()]),
+            "nodes[0].path"
+        );
+        let v = check(|c| {
+            c.engine.runtime = "runc".into();
+            c.nodes[0].path = vec!["/usr/local/nvidia/bin".into()];
+            c.nodes[1].sysfs_root = "/srv/facts/sys".into();
+        })
+        .unwrap();
+        assert_eq!(v.config().nodes[1].sysfs_root, "/srv/facts/sys");
     }
 
     #[test]

@@ -230,7 +230,6 @@ mod tests {
         std::fs::write(&id, "").unwrap();
         std::fs::write(&kh, "").unwrap();
         let mut raw = DeploymentConfig::default();
-        raw.deployment.testbed = true;
         raw.deployment.name = name.into();
         raw.deployment.state_dir = dir.join("state").display().to_string();
         let w = &mut raw.nodes[1];
