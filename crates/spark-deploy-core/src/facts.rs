@@ -66,7 +66,7 @@ impl DeploymentFacts {
     pub fn placeholders(config: &ValidatedConfig) -> Self {
         let c = config.config();
         let rev = &c.model.revision;
-        let model_commit = if is_commit(rev) {
+        let model_commit = if crate::commit::is_commit_id(rev) {
             rev.clone()
         } else {
             format!("<commit of {rev} of {}, resolved at fetch>", c.model.id)
@@ -77,13 +77,4 @@ impl DeploymentFacts {
             commits: std::collections::BTreeMap::new(),
         }
     }
-}
-
-/// Whether `rev` is a full 40-hex commit hash.
-#[must_use]
-pub fn is_commit(rev: &str) -> bool {
-    rev.len() == 40
-        && rev
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }

@@ -9,8 +9,10 @@
 
 #![warn(missing_docs)]
 
+pub mod commit;
 pub mod config;
 pub mod container;
+pub mod digest;
 pub mod engine;
 pub mod error;
 pub mod event;
@@ -22,6 +24,7 @@ pub mod plan;
 pub mod ports;
 pub mod preflight;
 pub mod run;
+pub mod safetensors_header;
 pub mod secret;
 pub mod steps;
 pub mod transfer;

@@ -145,9 +145,7 @@ impl Checker {
     }
 
     fn revision(&mut self, field: &str, v: &str) {
-        let sha = v.len() == 40
-            && v.bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        let sha = crate::commit::is_commit_id(v);
         let branch = !v.is_empty()
             && v.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
@@ -308,6 +306,13 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     }
     if config.engine.image.is_empty() {
         c.refuse("engine.image", "\"\"", "an image reference");
+    }
+    if !crate::commit::is_commit_id(&config.engine.commit) {
+        c.refuse(
+            "engine.commit",
+            format!("{:?}", config.engine.commit),
+            "the 40-hex lowercase commit the engine binaries are built from",
+        );
     }
     if config.engine.base_image.is_empty() {
         c.refuse(
@@ -579,6 +584,10 @@ mod tests {
         assert_eq!(
             refused_field(|c| c.serving.max_tokens = 40_000_000),
             "serving.max_tokens"
+        );
+        assert_eq!(
+            refused_field(|c| c.engine.commit = "59402086381A42C74D53053443224EEC2790B4C5".into()),
+            "engine.commit"
         );
     }
 

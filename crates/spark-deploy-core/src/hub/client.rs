@@ -24,6 +24,7 @@ use reqwest::header::{self, HeaderMap, HeaderValue};
 
 use super::cache::{HfCache, check_rel};
 use super::token::{HfToken, default_cache_dir};
+use crate::commit::is_commit_id;
 
 /// How a token was involved when access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,12 +232,6 @@ pub struct FileMeta {
     pub size: u64,
 }
 
-/// Whether `s` is a 40-hex commit sha.
-#[must_use]
-pub fn is_commit_hash(s: &str) -> bool {
-    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
 /// A Hub connection plus the local cache.
 pub struct Hub {
     pub(crate) hf: hf_hub::HFClient,
@@ -353,14 +348,14 @@ impl Hub {
             .map_err(|e| self.map_hf("revision resolution", repo, revision, e))?;
         let commit = info
             .sha
-            .filter(|s| is_commit_hash(s))
+            .filter(|s| is_commit_id(s))
             .ok_or_else(|| HubError::Malformed {
                 repo: repo.to_owned(),
                 revision: revision.to_owned(),
                 file: String::new(),
                 what: "repo info has no 40-hex `sha`".into(),
             })?;
-        if is_commit_hash(revision) && !commit.eq_ignore_ascii_case(revision) {
+        if is_commit_id(revision) && commit != *revision {
             return Err(HubError::Malformed {
                 repo: repo.to_owned(),
                 revision: revision.to_owned(),

@@ -456,7 +456,7 @@ impl Hub {
                 outcome,
             });
         }
-        if !super::is_commit_hash(&r.requested) {
+        if !crate::commit::is_commit_id(&r.requested) {
             self.cache.write_ref(&r.repo, &r.requested, &r.commit)?;
         }
         verify::update_manifest(&self.cache, &r.repo, &r.commit, &manifest);

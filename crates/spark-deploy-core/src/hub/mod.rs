@@ -40,9 +40,7 @@ pub mod token;
 pub mod verify;
 
 pub use cache::{CacheError, HfCache};
-pub use client::{
-    FileMeta, Hub, HubConfig, HubError, RemoteFile, ResolvedRepo, TokenState, is_commit_hash,
-};
+pub use client::{FileMeta, Hub, HubConfig, HubError, RemoteFile, ResolvedRepo, TokenState};
 pub use fetch::{FetchError, FetchReport, FetchedFile, select};
 pub use progress::{FetchEvent, FetchProgress, FileOutcome, NoProgress};
 pub use remote::{RemoteError, RemoteSafetensors, RemoteTensor, TensorEntry};

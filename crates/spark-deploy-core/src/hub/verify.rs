@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
+use sha1::{Digest as _, Sha1};
+use sha2::{Digest as _, Sha256};
 
 use super::cache::HfCache;
 
@@ -124,35 +126,83 @@ pub struct Digests {
     pub git_sha1: Option<String>,
 }
 
+/// The digests asked for, fed the bytes of one file in order.
+#[derive(Clone)]
+struct Hashers {
+    sha256: Option<Sha256>,
+    git_sha1: Option<Sha1>,
+}
+
+impl Hashers {
+    /// Hashers for a file of `size` bytes (the git blob sha1 starts with a header naming it).
+    fn new(sha256: bool, git_sha1: bool, size: u64) -> Self {
+        Self {
+            sha256: sha256.then(Sha256::new),
+            git_sha1: git_sha1.then(|| {
+                let mut h = Sha1::new();
+                h.update(format!("blob {size}\0").as_bytes());
+                h
+            }),
+        }
+    }
+
+    fn update(&mut self, b: &[u8]) {
+        if let Some(h) = self.sha256.as_mut() {
+            h.update(b);
+        }
+        if let Some(h) = self.git_sha1.as_mut() {
+            h.update(b);
+        }
+    }
+
+    /// `(sha256, git sha1)` as lowercase hex, for those asked for.
+    fn finish(self) -> (Option<String>, Option<String>) {
+        (
+            self.sha256.map(|h| hex::encode(h.finalize())),
+            self.git_sha1.map(|h| hex::encode(h.finalize())),
+        )
+    }
+}
+
 /// Hash a file (blocking; run it on a blocking thread for big files).
 ///
 /// # Errors
 /// [`VerifyError::Io`] if the file cannot be read.
 pub fn digest_file(path: &Path, sha256: bool, git_sha1: bool) -> Result<Digests, VerifyError> {
-    use sha1::Digest as _;
-    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
-    let size = f.metadata().map_err(io_err(path))?.len();
-    let mut s2 = <sha2::Sha256 as sha2::Digest>::new();
-    let mut s1 = sha1::Sha1::new();
-    s1.update(format!("blob {size}\0").as_bytes());
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        if sha256 {
-            sha2::Digest::update(&mut s2, &buf[..n]);
-        }
-        if git_sha1 {
-            s1.update(&buf[..n]);
-        }
-    }
+    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
+    let mut h = Hashers::new(sha256, git_sha1, size);
+    crate::digest::stream_file(path, 0, None, |b| h.update(b)).map_err(io_err(path))?;
+    let (sha256, git_sha1) = h.finish();
     Ok(Digests {
         size,
-        sha256: sha256.then(|| hex::encode(sha2::Digest::finalize(s2))),
-        git_sha1: git_sha1.then(|| hex::encode(s1.finalize())),
+        sha256,
+        git_sha1,
     })
+}
+
+/// Compare computed digests with the expected ones.
+fn compare(
+    file: &str,
+    exp: &Expected,
+    sha256: Option<String>,
+    git_sha1: Option<String>,
+) -> Result<(), VerifyError> {
+    for (algo, want, got) in [
+        ("sha256", &exp.sha256, sha256),
+        ("git-sha1", &exp.git_sha1, git_sha1),
+    ] {
+        if let (Some(w), Some(g)) = (want, got)
+            && !w.eq_ignore_ascii_case(&g)
+        {
+            return Err(VerifyError::Hash {
+                file: file.to_owned(),
+                algo,
+                expected: w.clone(),
+                actual: g,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Check that a `.safetensors` file is complete: the header parses (with the `safetensors`
@@ -218,22 +268,7 @@ pub fn verify_file(path: &Path, file: &str, exp: &Expected) -> Result<(), Verify
         check_safetensors(path, file)?;
     }
     let d = digest_file(path, exp.sha256.is_some(), exp.git_sha1.is_some())?;
-    for (algo, want, got) in [
-        ("sha256", &exp.sha256, &d.sha256),
-        ("git-sha1", &exp.git_sha1, &d.git_sha1),
-    ] {
-        if let (Some(w), Some(g)) = (want, got)
-            && !w.eq_ignore_ascii_case(g)
-        {
-            return Err(VerifyError::Hash {
-                file: file.to_owned(),
-                algo,
-                expected: w.clone(),
-                actual: g.clone(),
-            });
-        }
-    }
-    Ok(())
+    compare(file, exp, d.sha256, d.git_sha1)
 }
 
 /// Digests computed while bytes are written, so a download needs no second read pass.
@@ -241,39 +276,23 @@ pub fn verify_file(path: &Path, file: &str, exp: &Expected) -> Result<(), Verify
 #[derive(Clone)]
 pub(crate) struct StreamHasher {
     size: u64,
-    sha256: Option<sha2::Sha256>,
-    git_sha1: Option<sha1::Sha1>,
+    hashers: Hashers,
     len: u64,
 }
 
 impl StreamHasher {
     /// Hashers for a file of `size` bytes.
     pub(crate) fn new(exp: &Expected, size: u64) -> Self {
-        use sha1::Digest as _;
         Self {
             size,
-            sha256: exp
-                .sha256
-                .is_some()
-                .then(<sha2::Sha256 as sha2::Digest>::new),
-            git_sha1: exp.git_sha1.is_some().then(|| {
-                let mut h = sha1::Sha1::new();
-                h.update(format!("blob {size}\0").as_bytes());
-                h
-            }),
+            hashers: Hashers::new(exp.sha256.is_some(), exp.git_sha1.is_some(), size),
             len: 0,
         }
     }
 
     /// Hash the next bytes of the file.
     pub(crate) fn update(&mut self, b: &[u8]) {
-        use sha1::Digest as _;
-        if let Some(h) = self.sha256.as_mut() {
-            sha2::Digest::update(h, b);
-        }
-        if let Some(h) = self.git_sha1.as_mut() {
-            h.update(b);
-        }
+        self.hashers.update(b);
         self.len += b.len() as u64;
     }
 
@@ -283,43 +302,17 @@ impl StreamHasher {
         if to < self.len {
             *self = Self::new(exp, self.size);
         }
-        if to == self.len {
-            return Ok(());
-        }
-        let mut f = std::fs::File::open(path)?;
-        f.seek(SeekFrom::Start(self.len))?;
-        let mut left = to - self.len;
-        let mut buf = vec![0u8; 1 << 20];
-        while left > 0 {
-            let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
-            f.read_exact(&mut buf[..want])?;
-            self.update(&buf[..want]);
-            left -= want as u64;
-        }
+        let from = self.len;
+        let hashers = &mut self.hashers;
+        let fed = crate::digest::stream_file(path, from, Some(to), |b| hashers.update(b))?;
+        self.len += fed;
         Ok(())
     }
 
     /// Compare the digests of the `len` bytes hashed with `exp`.
     pub(crate) fn check(self, file: &str, exp: &Expected) -> Result<(), VerifyError> {
-        use sha1::Digest as _;
-        let got256 = self.sha256.map(|h| hex::encode(sha2::Digest::finalize(h)));
-        let got1 = self.git_sha1.map(|h| hex::encode(h.finalize()));
-        for (algo, want, got) in [
-            ("sha256", &exp.sha256, got256),
-            ("git-sha1", &exp.git_sha1, got1),
-        ] {
-            if let (Some(w), Some(g)) = (want, got)
-                && !w.eq_ignore_ascii_case(&g)
-            {
-                return Err(VerifyError::Hash {
-                    file: file.to_owned(),
-                    algo,
-                    expected: w.clone(),
-                    actual: g,
-                });
-            }
-        }
-        Ok(())
+        let (sha256, git_sha1) = self.hashers.finish();
+        compare(file, exp, sha256, git_sha1)
     }
 }
 
@@ -461,7 +454,7 @@ pub fn verify_snapshot(
     revision: &str,
     wanted: Option<&[String]>,
 ) -> Result<VerifyReport, VerifyError> {
-    let commit = if super::is_commit_hash(revision) {
+    let commit = if crate::commit::is_commit_id(revision) {
         revision.to_owned()
     } else {
         cache
@@ -634,7 +627,7 @@ mod tests {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let full = Expected {
             size: Some(data.len() as u64),
-            sha256: Some(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data))),
+            sha256: Some(crate::digest::sha256_hex(&data)),
             git_sha1: digest_file_bytes(&data),
         };
         // Written in three goes, hashed partly while writing, partly by catching up from disk.

@@ -3,9 +3,9 @@ use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use crate::commit::is_commit_id;
 use crate::config::ValidatedConfig;
 use crate::event::{Event, Level};
-use crate::facts::is_commit;
 use crate::hub::{FetchEvent, FetchProgress, HfToken, Hub, HubConfig};
 use crate::plan::StepKind;
 use crate::plan::describe::{Action, ActionDetail};
@@ -414,7 +414,7 @@ impl FetchCheckpoint {
                     report.summary(),
                     report.transferred,
                 ),
-                Err(e) if e.is_unreachable() && is_commit(&r.revision) => {
+                Err(e) if e.is_unreachable() && is_commit_id(&r.revision) => {
                     // A Hub outage (or an air-gapped re-run) does not stop a deployment whose
                     // pinned snapshot our last fetch completed and that still verifies.
                     let unreachable = crate::preflight::decide::error_chain(&e);

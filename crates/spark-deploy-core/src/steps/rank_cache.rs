@@ -151,7 +151,7 @@ impl BuildRankCache {
         };
         let c = ctx.config().config();
         let facts = ctx.facts();
-        if !crate::facts::is_commit(&facts.model_commit) {
+        if !crate::commit::is_commit_id(&facts.model_commit) {
             return Err(fail(
                 "the checkpoint's commit is unknown".into(),
                 "run FetchCheckpoint first (`spark-deploy up` runs it)",

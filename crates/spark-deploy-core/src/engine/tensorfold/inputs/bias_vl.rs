@@ -191,10 +191,9 @@ pub fn write_tensors(tensors: &[BiasTensor], out: &Path) -> Result<BiasVlReport,
     let tmp = out.with_extension("safetensors.partial");
     std::fs::write(&tmp, &blob).map_err(io(&tmp))?;
     std::fs::rename(&tmp, out).map_err(io(out))?;
-    use sha2::Digest;
     Ok(BiasVlReport {
         tensors: tensors.len(),
         bytes: blob.len() as u64,
-        sha256: hex::encode(sha2::Sha256::digest(&blob)),
+        sha256: crate::digest::sha256_hex(&blob),
     })
 }

@@ -278,10 +278,9 @@ impl RankCachePlan {
     /// and `source_label`.
     #[must_use]
     pub fn sidecar_json(&self, source_label: Option<&str>, overlay: Option<&Path>) -> String {
-        use sha2::Digest;
         serde_json::json!({
             "file": self.file_name,
-            "index_sha256": hex::encode(sha2::Sha256::digest(self.index_json.as_bytes())),
+            "index_sha256": crate::digest::sha256_hex(&self.index_json),
             "entries": self.entries.len(),
             "data_bytes": self.data_bytes,
             "rank": self.rank,

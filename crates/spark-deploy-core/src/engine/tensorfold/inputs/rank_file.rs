@@ -7,7 +7,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use super::dtype::DType;
 
@@ -160,7 +159,7 @@ pub fn index_json<'a>(
 /// `rank{R}of{W}-{first 20 hex of sha256(index)}.bin`.
 #[must_use]
 pub fn file_name(rank: usize, world: usize, index: &[u8]) -> String {
-    let h = hex::encode(Sha256::digest(index));
+    let h = crate::digest::sha256_hex(index);
     format!("rank{rank}of{world}-{}.bin", &h[..20])
 }
 
