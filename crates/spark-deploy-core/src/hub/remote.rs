@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::client::{Hub, HubError, ResolvedRepo};
+use crate::safetensors_header;
 
 /// A run of adjacent tensors: `[start, end)` in the file and its members.
 type Run<'a> = (u64, u64, Vec<(&'a str, &'a TensorEntry)>);
@@ -201,16 +202,10 @@ impl Hub {
             reason,
         };
         let probe = self.get_range(r, file, 0, HEAD_PROBE - 1).await?;
-        let n_bytes: [u8; 8] = probe
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| bad("shorter than 8 bytes".into()))?;
-        let n = u64::from_le_bytes(n_bytes);
-        if n > 100_000_000 {
-            return Err(bad(format!("header length {n} is implausible")));
-        }
-        let hdr = if 8 + n <= probe.len() as u64 {
-            probe.slice(8..usize::try_from(8 + n).map_err(|e| bad(e.to_string()))?)
+        let n = safetensors_header::header_len(&probe, None).map_err(|e| bad(e.to_string()))?;
+        let end = usize::try_from(8 + n).map_err(|e| bad(e.to_string()))?;
+        let hdr = if end <= probe.len() {
+            probe.slice(8..end)
         } else {
             let rest = self
                 .get_range(r, file, probe.len() as u64, 8 + n - 1)
@@ -222,38 +217,28 @@ impl Hub {
         if hdr.len() as u64 != n {
             return Err(bad(format!("header has {} bytes, expected {n}", hdr.len())));
         }
-        // Full validation by the safetensors crate (contiguous, sizes match shapes and dtypes).
-        super::verify::data_len_of_header(&hdr).map_err(bad)?;
-        let raw: BTreeMap<String, serde_json::Value> =
-            serde_json::from_slice(&hdr).map_err(|e| bad(e.to_string()))?;
-        let mut out = RemoteSafetensors {
+        let header = safetensors_header::parse(&hdr).map_err(|e| bad(e.to_string()))?;
+        let data_start = header.data_start();
+        Ok(RemoteSafetensors {
             file: file.to_owned(),
             header_len: n,
-            metadata: BTreeMap::new(),
-            tensors: BTreeMap::new(),
-        };
-        for (name, v) in raw {
-            if name == "__metadata__" {
-                out.metadata = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
-                continue;
-            }
-            #[derive(serde::Deserialize)]
-            struct Info {
-                dtype: String,
-                shape: Vec<usize>,
-                data_offsets: (u64, u64),
-            }
-            let i: Info = serde_json::from_value(v).map_err(|e| bad(format!("{name}: {e}")))?;
-            out.tensors.insert(
-                name,
-                TensorEntry {
-                    dtype: i.dtype,
-                    shape: i.shape,
-                    file_range: (8 + n + i.data_offsets.0, 8 + n + i.data_offsets.1),
-                },
-            );
-        }
-        Ok(out)
+            metadata: header.metadata,
+            tensors: header
+                .tensors
+                .into_iter()
+                .map(|t| {
+                    let (begin, end) = t.data_offsets;
+                    (
+                        t.name,
+                        TensorEntry {
+                            dtype: t.dtype,
+                            shape: t.shape,
+                            file_range: (data_start + begin, data_start + end),
+                        },
+                    )
+                })
+                .collect(),
+        })
     }
 
     /// Fetch only the named tensors of a remote `.safetensors` file (header + their byte ranges;

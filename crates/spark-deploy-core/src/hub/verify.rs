@@ -4,7 +4,6 @@
 //! sha256 (the Hub's LFS oid) or git blob sha1 (the ETag of a small file), and — for
 //! `.safetensors` — its header parses and the data section ends exactly at the file size.
 
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
@@ -13,6 +12,7 @@ use sha1::{Digest as _, Sha1};
 use sha2::{Digest as _, Sha256};
 
 use super::cache::HfCache;
+use crate::safetensors_header::ReadError;
 
 /// A problem found while verifying one file.
 #[derive(Debug, thiserror::Error)]
@@ -205,48 +205,20 @@ fn compare(
     Ok(())
 }
 
-/// Check that a `.safetensors` file is complete: the header parses (with the `safetensors`
-/// crate's validation) and `8 + N + data_len` equals the file size.
+/// Check that a `.safetensors` file is complete: the header parses and validates (see
+/// [`crate::safetensors_header`]) and `8 + N + data_len` equals the file size.
 ///
 /// # Errors
 /// [`VerifyError::Safetensors`] naming `file`, or [`VerifyError::Io`].
 pub fn check_safetensors(path: &Path, file: &str) -> Result<(), VerifyError> {
-    let bad = |reason: String| VerifyError::Safetensors {
-        file: file.to_owned(),
-        reason,
-    };
-    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
-    let len = f.metadata().map_err(io_err(path))?.len();
-    let mut n = [0u8; 8];
-    f.read_exact(&mut n)
-        .map_err(|_| bad(format!("file of {len} bytes has no header length")))?;
-    let n = u64::from_le_bytes(n);
-    if n > 100_000_000 || 8 + n > len {
-        return Err(bad(format!(
-            "header length {n} does not fit a {len}-byte file"
-        )));
+    match crate::safetensors_header::read(path) {
+        Ok(_) => Ok(()),
+        Err(ReadError::Io { path, source }) => Err(VerifyError::Io { path, source }),
+        Err(ReadError::Header { problem, .. }) => Err(VerifyError::Safetensors {
+            file: file.to_owned(),
+            reason: problem.to_string(),
+        }),
     }
-    let mut hdr = vec![0u8; usize::try_from(n).map_err(|e| bad(e.to_string()))?];
-    f.seek(SeekFrom::Start(8)).map_err(io_err(path))?;
-    f.read_exact(&mut hdr).map_err(io_err(path))?;
-    let end = 8 + n + data_len_of_header(&hdr).map_err(bad)?;
-    if end != len {
-        return Err(bad(format!(
-            "data ends at byte {end} but the file has {len} bytes"
-        )));
-    }
-    Ok(())
-}
-
-/// Parse and validate a safetensors header (the JSON after the 8-byte length) and return the
-/// length of the data section it describes.
-///
-/// # Errors
-/// A description of what is wrong.
-pub fn data_len_of_header(hdr: &[u8]) -> Result<u64, String> {
-    let meta: safetensors::tensor::Metadata =
-        serde_json::from_slice(hdr).map_err(|e| format!("header does not parse: {e}"))?;
-    Ok(meta.data_len() as u64)
 }
 
 /// Verify one file against `exp` (and the safetensors rule when `file` ends in `.safetensors`).
