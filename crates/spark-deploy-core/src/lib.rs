@@ -9,6 +9,7 @@
 
 #![warn(missing_docs)]
 
+pub mod backoff;
 pub mod commit;
 pub mod config;
 pub mod container;

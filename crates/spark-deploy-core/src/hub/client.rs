@@ -24,6 +24,7 @@ use reqwest::header::{self, HeaderMap, HeaderValue};
 
 use super::cache::{HfCache, check_rel};
 use super::token::{HfToken, default_cache_dir};
+use crate::backoff::Backoff;
 use crate::commit::is_commit_id;
 
 /// How a token was involved when access was refused.
@@ -194,6 +195,17 @@ impl HubConfig {
     #[must_use]
     pub fn from_env() -> Self {
         Self::new(None, default_cache_dir())
+    }
+
+    /// The retry policy of every request: [`HubConfig::backoff_base`],
+    /// [`HubConfig::backoff_max`], [`HubConfig::max_retries`].
+    #[must_use]
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            base: self.backoff_base,
+            max: self.backoff_max,
+            retries: self.max_retries,
+        }
     }
 }
 
@@ -437,21 +449,10 @@ impl Hub {
     /// [`HubError::Malformed`] when a required header is missing. Transport failures and
     /// 408/429/5xx answers are retried first ([`HubConfig::max_retries`], exponential backoff).
     pub async fn file_meta(&self, r: &ResolvedRepo, file: &str) -> Result<FileMeta, HubError> {
-        let mut attempt = 0u32;
-        loop {
-            match self.file_meta_once(r, file).await {
-                Err(e) if attempt < self.cfg.max_retries && is_transient(&e) => {
-                    attempt += 1;
-                    let backoff = self
-                        .cfg
-                        .backoff_base
-                        .saturating_mul(1u32 << (attempt - 1).min(16))
-                        .min(self.cfg.backoff_max);
-                    tokio::time::sleep(backoff).await;
-                }
-                other => return other,
-            }
-        }
+        self.cfg
+            .backoff()
+            .retry(|| self.file_meta_once(r, file), HubError::is_transient)
+            .await
     }
 
     async fn file_meta_once(&self, r: &ResolvedRepo, file: &str) -> Result<FileMeta, HubError> {
@@ -642,12 +643,14 @@ impl Hub {
     }
 }
 
-/// Transport failures and 408/429/5xx answers are worth retrying.
-fn is_transient(e: &HubError) -> bool {
-    match e {
-        HubError::Transport { .. } => true,
-        HubError::Status { status, .. } => matches!(status, 408 | 429 | 500..=599),
-        _ => false,
+impl HubError {
+    /// Transport failures and 408/429/5xx answers are worth retrying.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            Self::Transport { .. } => true,
+            Self::Status { status, .. } => matches!(status, 408 | 429 | 500..=599),
+            _ => false,
+        }
     }
 }
 

@@ -577,7 +577,7 @@ impl Hub {
             size,
             ..
         } = t;
-        let mut fails = 0u32;
+        let mut attempts = self.cfg.backoff().attempts();
         let mut first = true;
         // An empty file needs no transfer, but still an (empty) file to verify and rename.
         tokio::fs::OpenOptions::new()
@@ -616,26 +616,20 @@ impl Hub {
                 Attempt::Cancelled => return Err(Self::cancelled_error(r)),
                 Attempt::Failed { reason, progressed } => {
                     if progressed {
-                        fails = 0;
+                        attempts.progressed();
                     }
-                    fails += 1;
-                    if fails > self.cfg.max_retries {
+                    let Some(backoff) = attempts.failed() else {
                         return Err(FetchError::GaveUp {
                             repo: r.repo.clone(),
                             commit: r.commit.clone(),
                             file: file.to_owned(),
-                            attempts: fails,
+                            attempts: attempts.failures(),
                             last: reason,
                         });
-                    }
-                    let backoff = self
-                        .cfg
-                        .backoff_base
-                        .saturating_mul(1u32 << (fails - 1).min(16))
-                        .min(self.cfg.backoff_max);
+                    };
                     tally.progress.on_event(&FetchEvent::Retrying {
                         file: file.to_owned(),
-                        attempt: fails,
+                        attempt: attempts.failures(),
                         reason,
                         backoff,
                     });
@@ -694,7 +688,12 @@ impl Hub {
             () = cancelled(self.cfg.cancel.as_ref()) => return Ok(Attempt::Cancelled),
         };
         let resp = match sent {
-            Err(_) => return failed(format!("no response within {stall:?}"), false),
+            Err(_) => {
+                return failed(
+                    format!("no response within {} s", stall.as_secs_f64()),
+                    false,
+                );
+            }
             Ok(Err(e)) => return failed(format!("request failed: {}", e.without_url()), false),
             Ok(Ok(resp)) => resp,
         };
@@ -710,7 +709,7 @@ impl Hub {
                 if !cr.starts_with(&format!("bytes {have}-")) || !cr.ends_with(&format!("/{size}"))
                 {
                     return failed(
-                        format!("asked for bytes={have}- but got Content-Range {cr:?}"),
+                        format!("asked for bytes={have}- but got Content-Range `{cr}`"),
                         false,
                     );
                 }
@@ -765,7 +764,7 @@ impl Hub {
                 }
             };
             match next {
-                Err(_) => break Some(format!("stalled: no byte for {stall:?}")),
+                Err(_) => break Some(format!("stalled: no byte for {} s", stall.as_secs_f64())),
                 Ok(None) => break None,
                 Ok(Some(Err(e))) => break Some(format!("transfer broke: {}", e.without_url())),
                 Ok(Some(Ok(chunk))) => {

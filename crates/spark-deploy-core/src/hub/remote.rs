@@ -63,6 +63,24 @@ pub enum RemoteError {
         /// What is wrong.
         reason: String,
     },
+    /// A range request got no answer, or its bytes stopped arriving, within the stall timeout.
+    #[error(
+        "{file} of {repo} at {commit}: bytes {start}-{end} did not arrive within {secs} s; check the connection to the Hub and retry"
+    )]
+    Stalled {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// First byte asked for.
+        start: u64,
+        /// Last byte asked for (inclusive).
+        end: u64,
+        /// The stall timeout, in seconds.
+        secs: f64,
+    },
     /// A requested tensor is not in the file.
     #[error("{file} of {repo} at {commit}: no tensor named {name}")]
     NoTensor {
@@ -75,6 +93,17 @@ pub enum RemoteError {
         /// Tensor name.
         name: String,
     },
+}
+
+impl RemoteError {
+    /// Stalls, transport failures and 408/429/5xx answers are worth retrying.
+    fn is_transient(&self) -> bool {
+        match self {
+            Self::Stalled { .. } => true,
+            Self::Hub(e) => e.is_transient(),
+            _ => false,
+        }
+    }
 }
 
 /// Where one tensor lives in a safetensors file.
@@ -113,7 +142,8 @@ pub struct RemoteTensor {
 }
 
 impl Hub {
-    /// GET bytes `start..=end` of a file at the pinned commit, insisting on a 206.
+    /// GET bytes `start..=end` of a file at the pinned commit, insisting on a 206; transport
+    /// failures, stalls and 408/429/5xx answers are retried under [`HubConfig::backoff`](super::HubConfig::backoff).
     async fn get_range(
         &self,
         r: &ResolvedRepo,
@@ -122,67 +152,61 @@ impl Hub {
         end: u64,
     ) -> Result<bytes::Bytes, RemoteError> {
         let url = self.resolve_url(r, file)?;
-        let mut last = None;
-        for attempt in 0..=self.cfg.max_retries {
-            if attempt > 0 {
-                let b = self
-                    .cfg
-                    .backoff_base
-                    .saturating_mul(1u32 << (attempt - 1).min(16))
-                    .min(self.cfg.backoff_max);
-                tokio::time::sleep(b).await;
-            }
-            let resp = match tokio::time::timeout(
-                self.cfg.stall_timeout,
-                self.http
-                    .get(url.clone())
-                    .header(reqwest::header::RANGE, format!("bytes={start}-{end}"))
-                    .header(reqwest::header::ACCEPT_ENCODING, "identity")
-                    .send(),
+        self.cfg
+            .backoff()
+            .retry(
+                || self.get_range_once(&url, r, file, start, end),
+                RemoteError::is_transient,
             )
             .await
-            {
-                Err(_) => continue,
-                Ok(Err(e)) => {
-                    last = Some(self.transport(r, file, e));
-                    continue;
-                }
-                Ok(Ok(resp)) => resp,
-            };
-            let status = resp.status().as_u16();
-            match status {
-                206 => {}
-                200 => {
-                    return Err(RemoteError::RangeIgnored {
-                        repo: r.repo.clone(),
-                        commit: r.commit.clone(),
-                        file: file.to_owned(),
-                        start,
-                        end,
-                        status,
-                    });
-                }
-                408 | 429 | 500..=599 => continue,
-                _ => return Err(self.status_error(r, file, &resp).into()),
+    }
+
+    async fn get_range_once(
+        &self,
+        url: &reqwest::Url,
+        r: &ResolvedRepo,
+        file: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<bytes::Bytes, RemoteError> {
+        let stalled = || RemoteError::Stalled {
+            repo: r.repo.clone(),
+            commit: r.commit.clone(),
+            file: file.to_owned(),
+            start,
+            end,
+            secs: self.cfg.stall_timeout.as_secs_f64(),
+        };
+        let resp = tokio::time::timeout(
+            self.cfg.stall_timeout,
+            self.http
+                .get(url.clone())
+                .header(reqwest::header::RANGE, format!("bytes={start}-{end}"))
+                .header(reqwest::header::ACCEPT_ENCODING, "identity")
+                .send(),
+        )
+        .await
+        .map_err(|_| stalled())?
+        .map_err(|e| self.transport(r, file, e))?;
+        let status = resp.status().as_u16();
+        match status {
+            206 => {}
+            200 => {
+                return Err(RemoteError::RangeIgnored {
+                    repo: r.repo.clone(),
+                    commit: r.commit.clone(),
+                    file: file.to_owned(),
+                    start,
+                    end,
+                    status,
+                });
             }
-            match tokio::time::timeout(self.cfg.stall_timeout, resp.bytes()).await {
-                Ok(Ok(b)) => return Ok(b),
-                Ok(Err(e)) => last = Some(self.transport(r, file, e)),
-                Err(_) => {}
-            }
+            _ => return Err(self.status_error(r, file, &resp).into()),
         }
-        Err(match last {
-            Some(e) => e.into(),
-            None => RemoteError::Short {
-                repo: r.repo.clone(),
-                commit: r.commit.clone(),
-                file: file.to_owned(),
-                what: format!(
-                    "bytes {start}-{end} did not arrive after {} attempts",
-                    self.cfg.max_retries + 1
-                ),
-            },
-        })
+        Ok(tokio::time::timeout(self.cfg.stall_timeout, resp.bytes())
+            .await
+            .map_err(|_| stalled())?
+            .map_err(|e| self.transport(r, file, e))?)
     }
 
     /// Read and validate the header of a remote `.safetensors` file with range requests only.

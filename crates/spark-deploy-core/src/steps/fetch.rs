@@ -211,7 +211,7 @@ impl FetchProgress for ProgressEvents<'_> {
                 StepKind::FetchCheckpoint,
                 Some(&self.node),
                 Level::Warn,
-                format!("{event:?}"),
+                event.to_string(),
             ),
             _ => {}
         }
