@@ -32,6 +32,7 @@ use tokio::io::AsyncWriteExt as _;
 
 use super::cache::CacheError;
 use super::client::{FileMeta, Hub, HubError, RemoteFile, ResolvedRepo};
+use super::patterns::{AllowPatterns, PatternError};
 use super::progress::{FetchEvent, FetchProgress, FileOutcome};
 use super::verify::{self, Expected, ManifestEntry, StreamHasher, VerifyError};
 
@@ -41,6 +42,9 @@ pub enum FetchError {
     /// The Hub refused or failed (access, not found, bad response).
     #[error(transparent)]
     Hub(#[from] HubError),
+    /// A file pattern cannot be used.
+    #[error(transparent)]
+    Pattern(#[from] PatternError),
     /// A file kept failing without progress.
     #[error(
         "{file} of {repo} at {commit}: gave up after {attempts} consecutive failed attempts; last: {last}"
@@ -221,35 +225,21 @@ enum Attempt {
     Cancelled,
 }
 
-/// Select files by exact path or by simple globs (`*` matches within a path segment, `**` across
-/// segments, `?` one character).
-#[must_use]
-pub fn select<'a>(files: &'a [RemoteFile], patterns: &[String]) -> Vec<&'a RemoteFile> {
-    files
-        .iter()
-        .filter(|f| patterns.is_empty() || patterns.iter().any(|p| glob_match(p, &f.path)))
-        .collect()
-}
-
-fn glob_match(pat: &str, s: &str) -> bool {
-    fn go(p: &[u8], s: &[u8]) -> bool {
-        match (p.first(), s.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) if p.get(1) == Some(&b'*') => {
-                let rest = &p[2..];
-                (0..=s.len()).any(|i| go(rest, &s[i..]))
-            }
-            (Some(b'*'), _) => {
-                let rest = &p[1..];
-                let seg = s.iter().position(|&c| c == b'/').unwrap_or(s.len());
-                (0..=seg).any(|i| go(rest, &s[i..]))
-            }
-            (Some(b'?'), Some(c)) if *c != b'/' => go(&p[1..], &s[1..]),
-            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
-            _ => false,
-        }
+/// The files matching any of `patterns`, read as `huggingface_hub`'s `allow_patterns` (see
+/// [`AllowPatterns`]: `*` crosses folders, a trailing `/` names a folder); no pattern selects
+/// every file.
+///
+/// # Errors
+/// [`PatternError`] for a pattern that cannot be compiled.
+pub fn select<'a>(
+    files: &'a [RemoteFile],
+    patterns: &[String],
+) -> Result<Vec<&'a RemoteFile>, PatternError> {
+    if patterns.is_empty() {
+        return Ok(files.iter().collect());
     }
-    go(pat.as_bytes(), s.as_bytes())
+    let allow = AllowPatterns::new(patterns)?;
+    Ok(files.iter().filter(|f| allow.is_match(&f.path)).collect())
 }
 
 /// Resolves once `cancel` is `true`; never without a signal.
@@ -308,7 +298,7 @@ impl Hub {
     ) -> Result<FetchReport, FetchError> {
         let pinned = self.resolve(repo, revision).await?;
         let files = self.list_files(&pinned).await?;
-        let wanted: Vec<RemoteFile> = select(&files, patterns).into_iter().cloned().collect();
+        let wanted: Vec<RemoteFile> = select(&files, patterns)?.into_iter().cloned().collect();
         self.fetch(&pinned, &wanted, progress).await
     }
 
@@ -859,22 +849,4 @@ async fn verify_blocking(path: &Path, file: &str, exp: &Expected) -> Result<(), 
                 source: std::io::Error::other(e),
             })
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob_match;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match("*.json", "config.json"));
-        assert!(!glob_match("*.json", "a/config.json"));
-        assert!(glob_match("**.json", "a/config.json"));
-        assert!(glob_match(
-            "model-*-of-*.safetensors",
-            "model-00001-of-00039.safetensors"
-        ));
-        assert!(glob_match("a/?.bin", "a/x.bin"));
-        assert!(!glob_match("a/?.bin", "a/xy.bin"));
-    }
 }

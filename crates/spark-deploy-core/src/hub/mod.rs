@@ -8,7 +8,7 @@
 //! let hub = Hub::new(HubConfig::from_env())?;               // token: HF_TOKEN or $HF_HOME/token
 //! let pinned = hub.resolve("org/model", "0123456789abcdef0123456789abcdef01234567").await?;
 //! let files = hub.list_files(&pinned).await?;
-//! let wanted: Vec<_> = select(&files, &["*.json".into(), "*.safetensors".into()])
+//! let wanted: Vec<_> = select(&files, &["*.json".into(), "*.safetensors".into()])?
 //!     .into_iter().cloned().collect();
 //! let report = hub.fetch(&pinned, &wanted, &NoProgress).await?;
 //! let _ = report.summary();                                  // "all N files present and verified …"
@@ -29,11 +29,13 @@
 //! # Module map
 //! [`client`] (Hub connection, resolution, listing, metadata), [`fetch`] (download loop),
 //! [`verify`] (file and snapshot checks), [`cache`] (layout), [`remote`] (tensor byte ranges),
+//! [`patterns`] (which files a pattern list selects),
 //! [`token`], [`progress`].
 
 pub mod cache;
 pub mod client;
 pub mod fetch;
+pub mod patterns;
 pub mod progress;
 pub mod remote;
 pub mod token;
@@ -42,6 +44,7 @@ pub mod verify;
 pub use cache::{CacheError, HfCache};
 pub use client::{FileMeta, Hub, HubConfig, HubError, RemoteFile, ResolvedRepo, TokenState};
 pub use fetch::{FetchError, FetchReport, FetchedFile, select};
+pub use patterns::{AllowPatterns, PatternError};
 pub use progress::{FetchEvent, FetchProgress, FileOutcome, NoProgress};
 pub use remote::{RemoteError, RemoteSafetensors, RemoteTensor, TensorEntry};
 pub use token::{HfToken, default_cache_dir, hf_home};
