@@ -2,7 +2,7 @@
 //! per-file metadata and byte transfers through our own `reqwest` calls.
 //!
 //! # Why not hf-hub for everything (read in `hf-hub-1.0.0/src`)
-//! - No resume: `.incomplete` is recreated with `File::create` (hf-hub#196).
+//! - No resume: `.incomplete` is recreated with `File::create` (hf-hub 1.0).
 //! - `get_file_metadata` sends its `HEAD` with the redirect-following client, so for an LFS file
 //!   the Hub 302s to a CDN it would read the CDN's headers instead of the Hub's `X-Linked-Etag`,
 //!   `X-Linked-Size` and `X-Repo-Commit`. [`Hub::file_meta`] follows relative redirects only, as

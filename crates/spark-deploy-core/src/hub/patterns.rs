@@ -11,7 +11,7 @@
 //! - every other character, `{`, `}`, `,` and `\` included, matches itself; matching is
 //!   case-sensitive and on the whole path (a leading `./` is not stripped);
 //! - a pattern ending in `/` names a folder and gets a `*` appended;
-//! - `\` in patterns and paths is read as `/` first (as `huggingface_hub` 1.x and later do).
+//! - `\` in patterns and paths is read as `/` first (as recent `huggingface_hub` releases do).
 //!
 //! Each pattern is rewritten into globset syntax that means exactly that (globset's own `**`,
 //! `{a,b}` and `[[:class:]]` never reach it). `?` and `[...]` compare single bytes in globset, so

@@ -229,8 +229,10 @@ pub async fn transfer(
             return Err(pull_err(
                 &j.to,
                 format!(
-                    "exit {:?}: {}",
-                    out.status.code(),
+                    "{}: {}",
+                    out.status
+                        .code()
+                        .map_or_else(|| "killed by a signal".to_owned(), |c| format!("exit {c}")),
                     String::from_utf8_lossy(&out.stderr).trim()
                 ),
             ));

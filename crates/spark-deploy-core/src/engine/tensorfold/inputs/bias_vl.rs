@@ -1,4 +1,4 @@
-//! The image routing bias file `vision/gate_bias_vl.safetensors` (ENGINE-CONTRACT.md §9): every
+//! The image routing bias file `vision/gate_bias_vl.safetensors` every rank reads: every
 //! `*.ffn.gate.bias_vl` tensor of the original checkpoint, copied byte for byte, found through its
 //! `model.safetensors.index.json`; only those byte ranges are read. The layout follows the kit's
 //! `make_bias_vl.py` (names sorted, `__metadata__` last, `json.dumps` spacing, space padding) so

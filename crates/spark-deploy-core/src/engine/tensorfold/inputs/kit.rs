@@ -1,4 +1,5 @@
-//! Kernel kit verification against its `MANIFEST` (`sha256sum` format), ENGINE-CONTRACT.md §8.
+//! Kernel kit verification: every file the kit's `MANIFEST` lists (`sha256sum` format,
+//! `<sha256>  <path>` per line) must be present with that sha256.
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,5 @@
-//! The TFDSRK01 rank weight file (ENGINE-CONTRACT.md §4): index text, file name, discovery and the
-//! reader rules the engine applies.
+//! The TFDSRK01 rank weight file each rank loads: index text, file name, discovery and the reader
+//! rules the engine applies.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -122,7 +122,7 @@ pub fn json_key(s: &str) -> Result<String, RankFileError> {
     Ok(out)
 }
 
-/// The index JSON text, byte-exact (ENGINE-CONTRACT.md §4.1).
+/// The index JSON text, byte for byte as the engine's writer produces it.
 ///
 /// # Errors
 /// A non-ASCII key or a dtype without a torch name.
@@ -249,7 +249,7 @@ pub struct RankFileIndex {
     pub file_len: u64,
 }
 
-/// Reads a rank file's footer and index and applies the engine's reader rules (§4.2).
+/// Reads a rank file's footer and index and applies the engine's reader rules.
 ///
 /// # Errors
 /// I/O errors and [`RankFileError::Malformed`] naming the broken rule.

@@ -1,4 +1,4 @@
-//! The TP split plan (ENGINE-CONTRACT.md §5.2): every tensor rank R of world W loads, in the
+//! The tensor-parallel split plan: every tensor rank R of world W loads, in the
 //! engine's load order, with the engine's keys. Pure data from `config.json`.
 
 use super::dtype::DType;
