@@ -28,7 +28,8 @@ pub enum RankFileError {
     },
     /// A key that the format cannot hold.
     #[error(
-        "index key {key:?} is not ASCII; the engine refuses such keys (this is a bug in the split plan)"
+        "index key `{}` is not ASCII; the engine refuses such keys (this is a bug in the split plan: report it with the checkpoint's config.json)",
+        key.escape_debug()
     )]
     NonAsciiKey {
         /// The key.
@@ -89,6 +90,22 @@ pub struct IndexRow {
     pub offset: u64,
     /// Byte length.
     pub bytes: u64,
+}
+
+/// `` `key` DTYPE [d0, d1] at byte O, N bytes ``.
+impl std::fmt::Display for IndexRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shape: Vec<String> = self.shape.iter().map(ToString::to_string).collect();
+        write!(
+            f,
+            "`{}` {} [{}] at byte {}, {} bytes",
+            self.key,
+            self.dtype,
+            shape.join(", "),
+            self.offset,
+            self.bytes
+        )
+    }
 }
 
 /// `s` as a JSON string the way the engine's writer escapes it (`rank_cache.zig` `jsonString`).

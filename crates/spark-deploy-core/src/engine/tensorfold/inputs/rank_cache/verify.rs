@@ -58,7 +58,7 @@ pub fn verify_rank_cache(
         if got != &want.row {
             return Err(mismatch(
                 &want.row.key,
-                format!("row {i} is {got:?}, the plan wants {:?}", want.row),
+                format!("row {i} is {got}, the plan wants {}", want.row),
             ));
         }
     }
