@@ -124,46 +124,36 @@ mod tests {
         assert_eq!(a.failed(), Some(POLICY.base));
     }
 
-    #[tokio::test]
-    async fn retry_stops_at_a_permanent_error_or_after_the_retries() {
+    /// Runs `retry` over `answers` (one per try, the last repeated) and counts the tries.
+    async fn tries(answers: &[Result<u32, &'static str>]) -> (Result<u32, &'static str>, usize) {
         let quick = Backoff {
             base: Duration::from_millis(1),
             max: Duration::from_millis(2),
             retries: 2,
         };
-        let tries = Cell::new(0);
-        let r: Result<(), &str> = quick
-            .retry(
-                || {
-                    tries.set(tries.get() + 1);
-                    async { Err("busy") }
-                },
-                |e| *e == "busy",
-            )
-            .await;
-        assert_eq!((r, tries.get()), (Err("busy"), 3));
-        tries.set(0);
-        let r: Result<(), &str> = quick
-            .retry(
-                || {
-                    tries.set(tries.get() + 1);
-                    async { Err("gone") }
-                },
-                |e| *e == "busy",
-            )
-            .await;
-        assert_eq!((r, tries.get()), (Err("gone"), 1));
-        tries.set(0);
+        let n = Cell::new(0);
         let r = quick
             .retry(
                 || {
-                    tries.set(tries.get() + 1);
-                    let n = tries.get();
-                    async move { if n < 3 { Err("busy") } else { Ok(n) } }
+                    let i = n.get();
+                    n.set(i + 1);
+                    let a = answers[i.min(answers.len() - 1)];
+                    async move { a }
                 },
                 |e| *e == "busy",
             )
             .await;
-        assert_eq!(r, Ok(3));
+        (r, n.get())
+    }
+
+    #[tokio::test]
+    async fn retry_stops_at_a_permanent_error_or_after_the_retries() {
+        assert_eq!(tries(&[Err("busy")]).await, (Err("busy"), 3));
+        assert_eq!(tries(&[Err("gone")]).await, (Err("gone"), 1));
+        assert_eq!(tries(&[Err("busy"), Err("busy"), Ok(7)]).await, (Ok(7), 3));
+        assert_eq!(
+            tries(&[Err("busy"), Err("gone"), Ok(7)]).await,
+            (Err("gone"), 2)
+        );
     }
 }

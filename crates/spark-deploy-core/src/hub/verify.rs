@@ -221,21 +221,25 @@ pub fn check_safetensors(path: &Path, file: &str) -> Result<(), VerifyError> {
     }
 }
 
+/// The file's size, when it is the expected one.
+fn checked_size(path: &Path, file: &str, exp: &Expected) -> Result<u64, VerifyError> {
+    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
+    match exp.size {
+        Some(expected) if expected != size => Err(VerifyError::Size {
+            file: file.to_owned(),
+            expected,
+            actual: size,
+        }),
+        _ => Ok(size),
+    }
+}
+
 /// Verify one file against `exp` (and the safetensors rule when `file` ends in `.safetensors`).
 ///
 /// # Errors
 /// The first problem found, as a [`VerifyError`] naming `file`.
 pub fn verify_file(path: &Path, file: &str, exp: &Expected) -> Result<(), VerifyError> {
-    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
-    if let Some(e) = exp.size
-        && e != size
-    {
-        return Err(VerifyError::Size {
-            file: file.to_owned(),
-            expected: e,
-            actual: size,
-        });
-    }
+    checked_size(path, file, exp)?;
     if file.ends_with(".safetensors") {
         check_safetensors(path, file)?;
     }
@@ -299,16 +303,7 @@ pub(crate) fn verify_streamed(
     exp: &Expected,
     mut hasher: StreamHasher,
 ) -> Result<(), VerifyError> {
-    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
-    if let Some(e) = exp.size
-        && e != size
-    {
-        return Err(VerifyError::Size {
-            file: file.to_owned(),
-            expected: e,
-            actual: size,
-        });
-    }
+    let size = checked_size(path, file, exp)?;
     // Normally a no-op: the hasher saw every byte written.
     hasher.catch_up(path, size, exp).map_err(io_err(path))?;
     if file.ends_with(".safetensors") {
