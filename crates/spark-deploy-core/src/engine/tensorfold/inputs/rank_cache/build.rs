@@ -4,10 +4,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::super::rank_file;
 use super::copy::for_each_chunk;
 use super::plan::RankCachePlan;
 use super::{ExistingRankFile, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase};
+use crate::engine::tensorfold::inputs::rank_file;
 
 /// Writes the planned rank file into `out_dir`: `.rank{R}of{W}.partial`, fsync, rename to
 /// [`RankCachePlan::file_name`], fsync of the directory. Returns the final path.

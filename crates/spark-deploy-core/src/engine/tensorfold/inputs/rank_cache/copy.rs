@@ -5,11 +5,11 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 
-use super::super::dtype::f16_to_f32_bits;
 use super::plan::{PlannedEntry, RankCachePlan, SourceRange};
 use super::{
     Cancelled, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase, RankCacheProgress,
 };
+use crate::engine::tensorfold::inputs::dtype::f16_to_f32_bits;
 
 /// Copies entry bytes `[p0, p1)` of `e` into `dst`.
 fn copy_piece(

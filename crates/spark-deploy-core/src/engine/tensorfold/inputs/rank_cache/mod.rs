@@ -1,15 +1,16 @@
 //! The rank file of one rank (TFDSRK01): plan it from the checkpoint, build it, verify one that
-//! exists.
+//! exists. One module per stage:
 //!
-//! - [`plan_rank_cache`] ([`plan`](self)) computes the whole index first, from `config.json`, the
-//!   shard headers and the split plan, and each entry's source byte ranges; the file name follows
-//!   from the index. Nothing is written.
-//! - [`build_rank_cache`] streams the bytes: positioned reads of the source ranges into bounded
-//!   per-thread buffers (the copy module), positioned writes to `.rank{R}of{W}.partial`, which is
-//!   fsync'd and renamed. Peak memory is `threads × (chunk + scratch)`, independent of the
-//!   checkpoint's size.
-//! - [`verify_rank_cache`] checks an existing file's index and, at [`VerifyLevel::Bytes`], every
-//!   data byte against the checkpoint.
+//! - `plan`: [`plan_rank_cache`] computes the whole index first, from `config.json`, the shard
+//!   headers and the split plan, and each entry's source byte ranges; the file name follows from
+//!   the index. Nothing is written.
+//! - `copy`: positioned reads of the source ranges (contiguous, strided, or F16 widened to F32)
+//!   into bounded per-thread chunks, shared by build and verify. Peak memory is
+//!   `threads × (chunk + scratch)`, independent of the checkpoint's size.
+//! - `build`: [`build_rank_cache`] writes the chunks with positioned writes to
+//!   `.rank{R}of{W}.partial`, fsyncs it and renames it; the sidecar records what it was built from.
+//! - `verify`: [`verify_rank_cache`] checks an existing file's index and, at
+//!   [`VerifyLevel::Bytes`], every data byte against the checkpoint.
 
 use std::path::PathBuf;
 

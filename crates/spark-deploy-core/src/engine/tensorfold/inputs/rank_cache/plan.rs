@@ -2,12 +2,12 @@
 
 use std::path::{Path, PathBuf};
 
-use super::super::dtype::DType;
-use super::super::model_config::ModelConfig;
-use super::super::rank_file::{self, IndexRow};
-use super::super::safetensors_index::{Checkpoint, TensorInfo};
-use super::super::split_plan::{self, Part, Want, WantKind};
 use super::{RankCacheError, RankCacheOptions};
+use crate::engine::tensorfold::inputs::dtype::DType;
+use crate::engine::tensorfold::inputs::model_config::ModelConfig;
+use crate::engine::tensorfold::inputs::rank_file::{self, IndexRow};
+use crate::engine::tensorfold::inputs::safetensors_index::{Checkpoint, TensorInfo};
+use crate::engine::tensorfold::inputs::split_plan::{self, Part, Want, WantKind};
 
 /// Where an entry's bytes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,10 +4,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::super::rank_file;
 use super::copy::for_each_chunk;
 use super::plan::RankCachePlan;
 use super::{ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase};
+use crate::engine::tensorfold::inputs::rank_file;
 
 /// How deep [`verify_rank_cache`] looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
