@@ -28,16 +28,19 @@
 //!
 //! # Module map
 //! [`client`] (Hub connection, resolution, listing, metadata), [`fetch`] (download loop),
-//! [`verify`] (file and snapshot checks), [`cache`] (layout), [`remote`] (tensor byte ranges),
-//! [`patterns`] (which files a pattern list selects),
+//! [`verify`] (one file: size, digests, safetensors structure), [`snapshot`] (stamps, manifests and the
+//! offline check of a cached snapshot), [`cache`] (layout), [`remote`] (tensor byte ranges),
+//! [`patterns`] (which files a pattern list selects), the download module (one blob's transfer),
 //! [`token`], [`progress`].
 
 pub mod cache;
 pub mod client;
+mod download;
 pub mod fetch;
 pub mod patterns;
 pub mod progress;
 pub mod remote;
+pub mod snapshot;
 pub mod token;
 pub mod verify;
 
@@ -47,5 +50,6 @@ pub use fetch::{FetchError, FetchReport, FetchedFile, select};
 pub use patterns::{AllowPatterns, PatternError};
 pub use progress::{FetchEvent, FetchProgress, FileOutcome, NoProgress};
 pub use remote::{RemoteError, RemoteSafetensors, RemoteTensor, TensorEntry};
+pub use snapshot::{VerifyReport, verify_snapshot};
 pub use token::{HfToken, default_cache_dir, hf_home};
-pub use verify::{Expected, VerifyError, VerifyReport, verify_file, verify_snapshot};
+pub use verify::{Expected, VerifyError, verify_file};
