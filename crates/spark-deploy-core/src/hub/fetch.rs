@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 
 use super::cache::CacheError;
-use super::client::{FileMeta, Hub, HubError, RemoteFile, ResolvedRepo};
+use super::client::{FileMeta, Hub, RemoteFile, ResolvedRepo};
+use super::error::HubError;
 use super::patterns::{AllowPatterns, PatternError};
 use super::progress::{FetchEvent, FetchProgress, FileOutcome};
 use super::snapshot::{self, ManifestEntry, VerifyReport};

@@ -27,7 +27,7 @@
 //! - The core never prints: progress goes to a [`FetchProgress`] callback.
 //!
 //! # Module map
-//! [`client`] (Hub connection, resolution, listing, metadata), [`fetch`] (download loop),
+//! [`client`] (Hub connection, resolution, listing, metadata), [`error`] (its errors), [`fetch`] (download loop),
 //! [`verify`] (one file: size, digests, safetensors structure), [`snapshot`] (stamps, manifests and the
 //! offline check of a cached snapshot), [`cache`] (layout), [`remote`] (tensor byte ranges),
 //! [`patterns`] (which files a pattern list selects), the download module (one blob's transfer),
@@ -36,6 +36,7 @@
 pub mod cache;
 pub mod client;
 mod download;
+pub mod error;
 pub mod fetch;
 pub mod patterns;
 pub mod progress;
@@ -45,7 +46,8 @@ pub mod token;
 pub mod verify;
 
 pub use cache::{CacheError, HfCache};
-pub use client::{FileMeta, Hub, HubConfig, HubError, RemoteFile, ResolvedRepo, TokenState};
+pub use client::{FileMeta, Hub, HubConfig, RemoteFile, ResolvedRepo};
+pub use error::{HubError, TokenState};
 pub use fetch::{FetchError, FetchReport, FetchedFile, select};
 pub use patterns::{AllowPatterns, PatternError};
 pub use progress::{FetchEvent, FetchProgress, FileOutcome, NoProgress};

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use super::client::{Hub, HubError, ResolvedRepo};
+use super::client::{Hub, ResolvedRepo};
+use super::error::HubError;
 use crate::safetensors_header;
 
 /// A run of adjacent tensors: `[start, end)` in the file and its members.
