@@ -146,9 +146,7 @@ impl Checker {
     }
 
     fn revision(&mut self, field: &str, v: &str) {
-        let sha = v.len() == 40
-            && v.bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        let sha = crate::commit::is_commit_id(v);
         let branch = !v.is_empty()
             && v.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
@@ -320,6 +318,13 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
             "engine.runtime",
             format!("{rt:?}"),
             "the name of a runtime registered in Docker (`docker info` lists them; \"nvidia\" for the NVIDIA Container Toolkit)",
+        );
+    }
+    if !crate::commit::is_commit_id(&config.engine.commit) {
+        c.refuse(
+            "engine.commit",
+            format!("{:?}", config.engine.commit),
+            "the 40-hex lowercase commit the engine binaries are built from",
         );
     }
     if config.engine.base_image.is_empty() {
@@ -672,6 +677,10 @@ mod tests {
         assert_eq!(
             refused_field(|c| c.serving.max_tokens = 40_000_000),
             "serving.max_tokens"
+        );
+        assert_eq!(
+            refused_field(|c| c.engine.commit = "59402086381A42C74D53053443224EEC2790B4C5".into()),
+            "engine.commit"
         );
     }
 
