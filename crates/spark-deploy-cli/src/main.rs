@@ -14,9 +14,34 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Deploy one large model across NVIDIA DGX Sparks.
+/// One line for `-h`.
+const ABOUT: &str = "Deploy one large model across NVIDIA DGX Sparks (one tensor-parallel rank per \
+                     Spark) and serve it through an OpenAI-compatible API on the head";
+
+/// `--help`: what the tool does and the usual order of commands.
+const LONG_ABOUT: &str = "\
+Deploy one large model across NVIDIA DGX Sparks (one tensor-parallel rank per Spark, joined by their
+ConnectX-7 link) and serve it through an OpenAI-compatible API on the head: TensorFold's dsv41
+engine with DeepSeek-V4.1-Flash at TP=2 on port 8888 by default.
+
+It checks every node (preflight), downloads the pinned checkpoint into the Hugging Face cache,
+builds each rank's weight file, gives the worker its inputs (NFS or copy), builds the engine image,
+starts both ranks and smoke-tests the API; steps whose work is done are skipped.
+
+Usual order: `init`, `config check`, `plan` (touches nothing), `preflight`, `up`; then `status`,
+`logs`, `api-key`, `restart`, `down`. `demo` does it all on a testbed (two Sparks on this machine).";
+
+/// Deploy one large model across NVIDIA DGX Sparks (one tensor-parallel rank per Spark) and serve
+/// it through an OpenAI-compatible API on the head.
 #[derive(Parser, Debug)]
-#[command(name = "spark-deploy", version, about, propagate_version = true, after_help = exit::HELP)]
+#[command(
+    name = "spark-deploy",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    propagate_version = true,
+    after_help = exit::HELP
+)]
 struct Cli {
     /// Config file (default: ./spark-deploy.toml when present, else the built-in defaults).
     #[arg(
@@ -65,6 +90,10 @@ enum Command {
         /// Check the cache only, with no network (air-gapped nodes).
         #[arg(long)]
         verify_only: bool,
+        /// Fetch this revision of the model (a commit, branch or tag) instead of `model.revision`
+        /// (this run only; set `model.revision` to serve it).
+        #[arg(long, value_name = "REV")]
+        revision: Option<String>,
     },
     /// Build, verify or preview per-rank weight files (TFDSRK01) without a GPU.
     RankCache(commands::rank_cache::RankCacheArgs),
@@ -90,9 +119,14 @@ fn main() -> ExitCode {
             };
         }
     };
+    let model_revision = match &cli.command {
+        Command::Fetch { revision, .. } => revision.clone(),
+        _ => None,
+    };
     let global = commands::Global {
         config: cli.config,
         json: cli.json,
+        model_revision,
     };
     let result = match cli.command {
         Command::Init(args) => commands::init::run(&global, &args),
@@ -107,7 +141,7 @@ fn main() -> ExitCode {
         Command::Up => commands::run::run(&global, commands::run::Which::Up),
         Command::Down => commands::run::run(&global, commands::run::Which::Down),
         Command::Preflight => commands::run::run(&global, commands::run::Which::Preflight),
-        Command::Fetch { verify_only } => commands::run::run(
+        Command::Fetch { verify_only, .. } => commands::run::run(
             &global,
             if verify_only {
                 commands::run::Which::FetchVerifyOnly

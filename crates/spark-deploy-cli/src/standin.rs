@@ -29,5 +29,7 @@ pub(crate) fn dispatch() -> Option<ExitCode> {
         .collect();
     let mut out = std::io::stdout();
     let mut err = std::io::stderr();
-    Some(ExitCode::from(standin::run(&argv, &env, &mut out, &mut err)))
+    Some(ExitCode::from(standin::run(
+        &argv, &env, &mut out, &mut err,
+    )))
 }

@@ -21,6 +21,8 @@ use crate::exit::Failure;
 pub(crate) struct Global {
     pub(crate) config: Option<PathBuf>,
     pub(crate) json: bool,
+    /// `fetch --revision`: replaces `model.revision` (after the file and the environment).
+    pub(crate) model_revision: Option<String>,
 }
 
 /// The default config file name in the working directory.
@@ -38,7 +40,10 @@ impl Global {
 
     /// Loads, applies the environment and validates.
     pub(crate) fn load(&self) -> Result<ValidatedConfig, Failure> {
-        let raw = cfg::load(self.config_path().as_deref())?;
+        let mut raw = cfg::load(self.config_path().as_deref())?;
+        if let Some(rev) = &self.model_revision {
+            raw.model.revision.clone_from(rev);
+        }
         let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
         Ok(cfg::validate(raw, &home)?)
     }
