@@ -69,3 +69,47 @@ fn fetch_takes_a_revision_flag_that_replaces_model_revision() {
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     assert!(stderr(&o).contains("bad rev"), "{}", stderr(&o));
 }
+
+#[test]
+fn logs_refuses_a_rank_the_deployment_does_not_have_and_a_bad_since() {
+    let d = tempfile::tempdir().unwrap();
+    let o = run(d.path(), &["logs", "--rank", "9"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("--rank 9") && e.contains("0 (head) and 1 (") && e.contains("remedy"),
+        "the error names the valid ranks: {e}"
+    );
+    let o = run(d.path(), &["logs", "--since", "yesterday-ish"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("10m"), "{}", stderr(&o));
+}
+
+#[test]
+fn status_exits_1_when_nothing_serves() {
+    let d = tempfile::tempdir().unwrap();
+    // A head whose Docker socket does not exist, a worker whose SSH port refuses, no API.
+    std::fs::write(
+        d.path().join("spark-deploy.toml"),
+        format!(
+            "[deployment]\nstate_dir = \"{0}\"\n[serving]\nport = 1\n\
+             [[nodes]]\nname = \"head\"\nssh = \"local\"\ndocker_socket = \"{0}/none.sock\"\n\
+             [[nodes]]\nname = \"w\"\nssh = \"nobody@127.0.0.1\"\nssh_port = 1\n\
+             fabric_addr = \"198.18.9.2\"\n",
+            d.path().display()
+        ),
+    )
+    .unwrap();
+    let o = run(d.path(), &["status"], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains(": down"), "{}", stdout(&o));
+    assert!(
+        !stderr(&o).contains("error"),
+        "not serving is a state, not an error: {}",
+        stderr(&o)
+    );
+    let o = run(d.path(), &["status", "--json"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["overall"], "down");
+}

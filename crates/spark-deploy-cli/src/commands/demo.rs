@@ -43,7 +43,7 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
                 render::note(&format!("stop it with: spark-deploy --config {} down; then spark-deploy testbed down", path.display()));
                 Ok(())
             }
-            Err(e) => Err(Failure { code: RUNTIME, message: e.failure.to_string(), remedy: e.failure.remedy.clone() }),
+            Err(e) => Err(Failure::msg(RUNTIME, e.failure.to_string(), e.failure.remedy.clone())),
         }
     })
 }

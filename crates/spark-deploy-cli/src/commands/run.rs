@@ -33,11 +33,7 @@ fn failure(e: &RunError) -> Failure {
     } else {
         RUNTIME
     };
-    Failure {
-        code,
-        message: e.failure.to_string(),
-        remedy: e.failure.remedy.clone(),
-    }
+    Failure::msg(code, e.failure.to_string(), e.failure.remedy.clone())
 }
 
 pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {

@@ -1,0 +1,215 @@
+//! The command line against a running testbed deployment (`spark-deploy demo`): `status`, `logs`,
+//! Ctrl-C, progress output, the API hints. Every test brings the demo up and takes both the
+//! deployment and the testbed down whatever happens; run them under the testbed lock.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The config `demo` writes.
+const CONFIG: &str = "/var/tmp/spark-deploy-testbed/spark-deploy.toml";
+
+fn sd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_spark-deploy"));
+    c.args(args).env_remove("SPARK_DEPLOY_API_KEY");
+    c
+}
+
+fn with_config(args: &[&str]) -> Command {
+    let mut c = sd(&["--config", CONFIG]);
+    c.args(args);
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The demo deployment; dropping it stops the ranks and removes the testbed.
+struct Demo {
+    /// What `demo` printed.
+    out: Output,
+}
+
+impl Demo {
+    fn up() -> Self {
+        let out = sd(&["demo"]).output().unwrap();
+        let demo = Self { out };
+        assert!(
+            demo.out.status.success(),
+            "demo failed:\n{}\n{}",
+            text(&demo.out.stdout),
+            text(&demo.out.stderr)
+        );
+        demo
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = with_config(&["down"]).output();
+        let _ = sd(&["testbed", "down"]).output();
+    }
+}
+
+/// Reads a child's stdout lines on a thread.
+fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line satisfying `f`, collecting every line seen.
+fn wait_for(rx: &mpsc::Receiver<String>, seen: &mut Vec<String>, f: impl Fn(&str) -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            let hit = f(&l);
+            seen.push(l);
+            if hit {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+fn sigint(child: &Child) {
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -INT");
+}
+
+#[test]
+fn testbed_logs_follow_both_ranks_and_status_exit_codes() {
+    let _demo = Demo::up();
+
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(
+        s.status.code(),
+        Some(0),
+        "{}{}",
+        text(&s.stdout),
+        text(&s.stderr)
+    );
+    assert!(text(&s.stdout).contains(": running"), "{}", text(&s.stdout));
+
+    // Both ranks, interleaved by time, each line prefixed with its rank.
+    let l = with_config(&["logs"]).output().unwrap();
+    assert!(l.status.success(), "{}", text(&l.stderr));
+    let lines: Vec<String> = text(&l.stdout).lines().map(str::to_owned).collect();
+    assert!(
+        lines.iter().any(|x| x.starts_with("[rank 0] ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|x| x.starts_with("[rank 1] ")),
+        "{lines:?}"
+    );
+    let stamps: Vec<&str> = lines
+        .iter()
+        .map(|x| x.split_whitespace().nth(2).unwrap_or(""))
+        .collect();
+    let keys: Vec<_> = stamps
+        .iter()
+        .map(|t| spark_deploy_core::lifecycle::log_time::parse_rfc3339(t).unwrap())
+        .collect();
+    assert!(
+        keys.windows(2).all(|w| w[0] <= w[1]),
+        "ordered by time: {stamps:?}"
+    );
+
+    // One rank: no prefix, only its lines (the stand-in's JSON lines name their rank).
+    let l1 = with_config(&["logs", "--rank", "1"]).output().unwrap();
+    assert!(l1.status.success(), "{}", text(&l1.stderr));
+    let t1 = text(&l1.stdout);
+    assert!(
+        t1.contains("\"rank\": 1") && !t1.contains("\"rank\": 0") && !t1.contains("[rank"),
+        "{t1}"
+    );
+
+    // --since in the future of every line shows none of them.
+    let none = with_config(&["logs", "--since", "0s"]).output().unwrap();
+    assert!(none.status.success(), "{}", text(&none.stderr));
+    assert!(
+        !text(&none.stdout).contains("\"rank\""),
+        "{}",
+        text(&none.stdout)
+    );
+
+    // -f prints the backlog and keeps following; Ctrl-C exits 130.
+    let follow = || {
+        with_config(&["logs", "-f"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut f = follow();
+    let rx = lines_of(&mut f);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&rx, &mut seen, |l| l.starts_with("[rank 1] ")),
+        "backlog: {seen:?}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(f.try_wait().unwrap().is_none(), "still following");
+    sigint(&f);
+    assert_eq!(f.wait().unwrap().code(), Some(130), "Ctrl-C exits 130");
+
+    // Lines written after the follow began arrive (the ranks' last words as `down` stops them),
+    // each once, and the follow ends by itself when the ranks are gone.
+    let mut f = follow();
+    let rx = lines_of(&mut f);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&rx, &mut seen, |l| l.starts_with("[rank 1] ")),
+        "backlog: {seen:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let d = with_config(&["down"]).output().unwrap();
+    assert!(d.status.success(), "{}", text(&d.stderr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = f.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "logs -f must end when the ranks stop"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status.code(), Some(0));
+    seen.extend(rx.try_iter());
+    let new: Vec<&String> = seen.iter().filter(|l| !lines.contains(l)).collect();
+    assert!(
+        !new.is_empty(),
+        "no line written after the follow began arrived: {seen:?}"
+    );
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), seen.len(), "every line once: {seen:?}");
+
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(
+        s.status.code(),
+        Some(1),
+        "{}{}",
+        text(&s.stdout),
+        text(&s.stderr)
+    );
+    assert!(text(&s.stdout).contains(": down"), "{}", text(&s.stdout));
+}
