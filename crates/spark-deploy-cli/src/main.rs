@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 success, 2 usage, 3 configuration, 4 preflight, 5 runtime (see `exit.rs`).
 
+mod api_hint;
 mod commands;
 mod events;
 mod exit;

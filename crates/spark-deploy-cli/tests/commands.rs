@@ -113,3 +113,137 @@ fn status_exits_1_when_nothing_serves() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["overall"], "down");
 }
+
+/// A config whose key file lives in `dir`, with `extra` appended to `[serving]`.
+fn keyed_config(dir: &std::path::Path, extra: &str) {
+    std::fs::write(
+        dir.join("spark-deploy.toml"),
+        format!(
+            "[deployment]\nstate_dir = \"{}\"\n[serving]\n{extra}\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_api_key_variable_and_the_key_file_never_disagree_silently() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let d = tempfile::tempdir().unwrap();
+    keyed_config(d.path(), "");
+    let file = d.path().join("api-key");
+    std::fs::write(&file, "spark-deploy: sk-the-files-key\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run(d.path(), &["api-key"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "sk-the-files-key\n");
+    let o = run(
+        d.path(),
+        &["api-key"],
+        &[("SPARK_DEPLOY_API_KEY", "sk-the-files-key")],
+    );
+    assert_eq!(stdout(&o), "sk-the-files-key\n", "{}", stderr(&o));
+    let o = run(
+        d.path(),
+        &["api-key", "--json"],
+        &[("SPARK_DEPLOY_API_KEY", "sk-the-files-key")],
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["api_key"], "sk-the-files-key");
+    // Another key in the environment is an error naming both sources, showing neither key.
+    let o = run(
+        d.path(),
+        &["api-key"],
+        &[("SPARK_DEPLOY_API_KEY", "sk-another-key")],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("SPARK_DEPLOY_API_KEY differs from the key in")
+            && e.contains(&file.display().to_string())
+            && e.contains("remedy"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("sk-") && stdout(&o).is_empty(),
+        "no key shown: {e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "spark-deploy: sk-the-files-key\n",
+        "the file is unchanged"
+    );
+}
+
+#[test]
+fn auth_none_gives_rank_0_no_key_and_is_warned_beyond_loopback() {
+    let d = tempfile::tempdir().unwrap();
+    keyed_config(d.path(), "");
+    let keyed = stdout(&run(d.path(), &["plan", "--json"], &[]));
+    assert!(keyed.contains("--api-key-file") && keyed.contains("/run/spark-deploy/api-key"));
+
+    keyed_config(d.path(), "auth = \"none\"");
+    let o = run(d.path(), &["plan", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let open = stdout(&o);
+    assert!(
+        !open.contains("--api-key-file") && !open.contains("/run/spark-deploy/api-key"),
+        "rank 0 gets neither the flag nor the file"
+    );
+    let o = run(d.path(), &["config", "check"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("serving.auth") && stderr(&o).contains("0.0.0.0"),
+        "bound to every address without a key is warned: {}",
+        stderr(&o)
+    );
+    let o = run(d.path(), &["api-key"], &[]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(
+        stderr(&o).contains("serving.auth = \"none\""),
+        "{}",
+        stderr(&o)
+    );
+
+    keyed_config(d.path(), "auth = \"none\"\nhost = \"127.0.0.1\"");
+    let o = run(d.path(), &["config", "check"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("serving.auth"),
+        "loopback only: {}",
+        stderr(&o)
+    );
+
+    keyed_config(d.path(), "auth = \"maybe\"");
+    let o = run(d.path(), &["config", "check"], &[]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(stderr(&o).contains("auth"), "{}", stderr(&o));
+}
+
+#[test]
+fn up_refuses_a_differing_api_key_variable_before_touching_anything() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let d = tempfile::tempdir().unwrap();
+    keyed_config(d.path(), "");
+    let file = d.path().join("api-key");
+    std::fs::write(&file, "spark-deploy: sk-the-files-key\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for verb in ["up", "restart"] {
+        let o = run(
+            d.path(),
+            &[verb],
+            &[("SPARK_DEPLOY_API_KEY", "sk-another-key")],
+        );
+        assert_eq!(o.status.code(), Some(3), "{verb}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("SPARK_DEPLOY_API_KEY differs"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(
+            !stderr(&o).contains("==> Preflight"),
+            "nothing ran: {}",
+            stderr(&o)
+        );
+    }
+}

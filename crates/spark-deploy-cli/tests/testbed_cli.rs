@@ -213,3 +213,107 @@ fn testbed_logs_follow_both_ranks_and_status_exit_codes() {
     );
     assert!(text(&s.stdout).contains(": down"), "{}", text(&s.stdout));
 }
+
+/// A Python with the `openai` package: `$SPARK_DEPLOY_TEST_PYTHON`, the active virtualenv, the
+/// repository's `.venv` (what `.ci/run` creates), else `python3`.
+fn python() -> String {
+    let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let candidates = [
+        std::env::var("SPARK_DEPLOY_TEST_PYTHON").ok(),
+        std::env::var("VIRTUAL_ENV")
+            .ok()
+            .map(|v| format!("{v}/bin/python")),
+        Some(format!("{repo}/.venv/bin/python")),
+        Some("/work/venv/bin/python".to_owned()),
+        Some("python3".to_owned()),
+    ];
+    for p in candidates.into_iter().flatten() {
+        if Command::new(&p)
+            .args(["-c", "import openai"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return p;
+        }
+    }
+    panic!("no Python with the openai package: set SPARK_DEPLOY_TEST_PYTHON");
+}
+
+/// The three snippet lines `up` printed.
+fn snippet(stdout: &str) -> String {
+    let lines: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Python (openai package)"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .map(str::trim)
+        .collect();
+    assert_eq!(lines.len(), 3, "three lines of Python: {stdout}");
+    lines.join("\n")
+}
+
+fn run_python(code: &str, key: Option<&str>) -> Output {
+    let mut c = Command::new(python());
+    c.args(["-c", code]).env_remove("OPENAI_API_KEY");
+    if let Some(k) = key {
+        c.env("OPENAI_API_KEY", k);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn testbed_up_prints_how_to_call_the_api_and_the_snippet_works() {
+    let demo = Demo::up();
+    let out = text(&demo.out.stdout);
+    assert!(out.contains("API (OpenAI-compatible): http://"), "{out}");
+    assert!(out.contains("(on the head: http://127.0.0.1:"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "`spark-deploy --config {CONFIG} api-key` prints it"
+        )),
+        "{out}"
+    );
+    let code = snippet(&out);
+
+    let key = with_config(&["api-key"]).output().unwrap();
+    assert!(key.status.success(), "{}", text(&key.stderr));
+    let key = text(&key.stdout).trim().to_owned();
+    let ok = run_python(&code, Some(&key));
+    assert!(
+        ok.status.success(),
+        "the printed snippet works: {}",
+        text(&ok.stderr)
+    );
+    assert!(!text(&ok.stdout).trim().is_empty(), "a reply is printed");
+    let denied = run_python(&code, Some("sk-wrong"));
+    assert!(!denied.status.success(), "a wrong key is refused");
+    assert!(
+        text(&denied.stderr).contains("401"),
+        "{}",
+        text(&denied.stderr)
+    );
+
+    // serving.auth = "none": the ranks restart without a key and the printed snippet needs none.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg: toml::Table = std::fs::read_to_string(CONFIG).unwrap().parse().unwrap();
+    cfg.entry("serving")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .unwrap()
+        .insert("auth".into(), "none".into());
+    let open_config = dir.path().join("open.toml");
+    std::fs::write(&open_config, toml::to_string(&cfg).unwrap()).unwrap();
+    let open_path = open_config.display().to_string();
+    // `restart`: the launch fingerprint covers only what both ranks must agree on, so a rank-0
+    // setting alone does not make `up` restart the pair.
+    let up = sd(&["--config", &open_path, "restart"]).output().unwrap();
+    assert!(up.status.success(), "{}", text(&up.stderr));
+    let out = text(&up.stdout);
+    assert!(out.contains("Key: none"), "{out}");
+    let code = snippet(&out);
+    assert!(code.contains("api_key=\"none\""), "{code}");
+    let ok = run_python(&code, None);
+    assert!(ok.status.success(), "no key needed: {}", text(&ok.stderr));
+    let s = sd(&["--config", &open_path, "status"]).output().unwrap();
+    assert_eq!(s.status.code(), Some(0), "{}", text(&s.stdout));
+}

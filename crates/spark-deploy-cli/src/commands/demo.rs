@@ -9,6 +9,7 @@ use spark_deploy_core::run::Context;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
 
 use super::Global;
+use crate::api_hint::ApiHint;
 use crate::events::TerminalSink;
 use crate::exit::{CONFIG, Failure, RUNTIME};
 use crate::render;
@@ -35,11 +36,18 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
         let text = toml::to_string_pretty(&config).map_err(|e| Failure::new(CONFIG, &e, None))?;
         std::fs::write(&path, format!("# Written by `spark-deploy demo` for the testbed.\n{text}")).map_err(|e| Failure::new(RUNTIME, &e, None))?;
         let config = validate(config, &home)?;
+        super::run::key_agrees(&config)?;
         let ctx = Context::new(config.clone(), Arc::new(TerminalSink::new(global.json)));
         let result = Plan::standard(&config).run(&ctx).await;
         drop(hub);
         match result {
-            Ok(_) => {
+            Ok(report) => {
+                let hint = ApiHint::new(&config, Some(&path.display().to_string()));
+                if global.json {
+                    render::out(&serde_json::json!({ "report": report, "api": hint, "config": path }).to_string());
+                } else {
+                    render::out(&hint.text());
+                }
                 render::note(&format!("stop it with: spark-deploy --config {} down; then spark-deploy testbed down", path.display()));
                 Ok(())
             }

@@ -2,12 +2,14 @@
 
 use std::sync::Arc;
 
+use spark_deploy_core::config::ValidatedConfig;
 use spark_deploy_core::plan::{Plan, Step, StepKind};
 use spark_deploy_core::run::{Context, RunError};
 
 use super::Global;
+use crate::api_hint::ApiHint;
 use crate::events::TerminalSink;
-use crate::exit::{Failure, PREFLIGHT, RUNTIME};
+use crate::exit::{CONFIG, Failure, PREFLIGHT, RUNTIME};
 use crate::render;
 
 /// Which steps a command runs.
@@ -34,6 +36,16 @@ fn failure(e: &RunError) -> Failure {
         RUNTIME
     };
     Failure::msg(code, e.failure.to_string(), e.failure.remedy.clone())
+}
+
+/// Refuses, before anything runs, a `SPARK_DEPLOY_API_KEY` that differs from the deployment's key
+/// file (the launch would refuse it only after deciding what to stop).
+pub(crate) fn key_agrees(config: &ValidatedConfig) -> Result<(), Failure> {
+    use spark_deploy_core::lifecycle::api_key::{ApiKeyError, client_key};
+    match client_key(&config.config().serving) {
+        Err(e @ ApiKeyError::Mismatch { .. }) => Err(Failure::new(CONFIG, &e, None)),
+        _ => Ok(()),
+    }
 }
 
 pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
@@ -65,6 +77,9 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
             Plan::from_steps(&config, steps)
         }
     };
+    if matches!(which, Which::Up | Which::Restart) {
+        key_agrees(&config)?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -85,12 +100,19 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
     });
     match result {
         Ok(report) => {
+            let hint = matches!(which, Which::Up | Which::Restart)
+                .then(|| ApiHint::new(ctx.config(), global.config_arg().as_deref()));
             if global.json {
                 let mut out = serde_json::json!({ "report": report });
                 if let Some(p) = ctx.preflight_report() {
                     out["preflight"] = serde_json::json!(p);
                 }
+                if let Some(h) = &hint {
+                    out["api"] = serde_json::json!(h);
+                }
                 render::out(&out.to_string());
+            } else if let Some(h) = &hint {
+                render::out(&h.text());
             }
             Ok(())
         }

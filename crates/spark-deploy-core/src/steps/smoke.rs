@@ -139,7 +139,7 @@ impl Smoke {
     async fn probe(
         &self,
         ctx: &Context,
-        key: &Secret,
+        key: Option<&Secret>,
         client: &reqwest::Client,
     ) -> Result<Probe, SmokeError> {
         let c = ctx.config().config();
@@ -188,7 +188,10 @@ impl Smoke {
             }
         }
         let url = format!("{}/v1/models", self.base_url);
-        match client.get(&url).bearer_auth(key.expose()).send().await {
+        match crate::lifecycle::api_key::authorize(client.get(&url), key)
+            .send()
+            .await
+        {
             Ok(r) if r.status().is_success() => {
                 let body = r.text().await.unwrap_or_default();
                 if !body.contains(&format!("\"{}\"", self.served_name)) {
@@ -219,7 +222,11 @@ impl Smoke {
         }
     }
 
-    async fn generate(&self, key: &Secret, client: &reqwest::Client) -> Result<String, SmokeError> {
+    async fn generate(
+        &self,
+        key: Option<&Secret>,
+        client: &reqwest::Client,
+    ) -> Result<String, SmokeError> {
         let body = serde_json::json!({
             "model": self.served_name,
             "messages": [{"role": "user", "content": "What is 17*23? Answer with the number only."}],
@@ -227,13 +234,14 @@ impl Smoke {
             "temperature": 0,
             "chat_template_kwargs": {"enable_thinking": false},
         });
-        let r = client
-            .post(format!("{}/v1/chat/completions", self.base_url))
-            .bearer_auth(key.expose())
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| SmokeError::Generation(e.to_string()))?;
+        let r = crate::lifecycle::api_key::authorize(
+            client.post(format!("{}/v1/chat/completions", self.base_url)),
+            key,
+        )
+        .json(&body)
+        .send()
+        .await
+        .map_err(|e| SmokeError::Generation(e.to_string()))?;
         let status = r.status();
         let text = r
             .text()
@@ -271,10 +279,13 @@ impl Smoke {
             )
         };
         let c = ctx.config().config();
-        let key = crate::lifecycle::api_key::read(std::path::Path::new(&c.serving.api_key_file))
-            .map_err(|e| fail(e.into()))?;
+        let key = crate::lifecycle::api_key::client_key(&c.serving).map_err(|e| fail(e.into()))?;
         let client = Self::client();
-        if ctx.already_running() && matches!(self.probe(ctx, &key, &client).await, Ok(Probe::Ready))
+        if ctx.already_running()
+            && matches!(
+                self.probe(ctx, key.as_ref(), &client).await,
+                Ok(Probe::Ready)
+            )
         {
             return Ok(Outcome::Skipped {
                 reason: format!(
@@ -289,7 +300,7 @@ impl Smoke {
             if ctx.is_cancelled() {
                 return Err(fail(SmokeError::Cancelled));
             }
-            match self.probe(ctx, &key, &client).await.map_err(fail)? {
+            match self.probe(ctx, key.as_ref(), &client).await.map_err(fail)? {
                 Probe::Ready => break,
                 Probe::Waiting(why) => {
                     if start.elapsed() > Duration::from_secs(self.timeout_s) {
@@ -314,7 +325,7 @@ impl Smoke {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let answer = self.generate(&key, &client).await.map_err(fail)?;
+        let answer = self.generate(key.as_ref(), &client).await.map_err(fail)?;
         ctx.log(
             StepKind::Smoke,
             Some(&self.node),

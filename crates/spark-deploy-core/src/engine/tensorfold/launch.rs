@@ -123,7 +123,7 @@ fn base_spec(
             volume: false,
         },
     ];
-    if rank == 0 {
+    if rank == 0 && c.serving.auth == crate::config::ApiAuth::Key {
         mounts.push(Mount {
             source: c.serving.api_key_file.clone(),
             target: paths::API_KEY.into(),
@@ -236,7 +236,12 @@ fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> 
         ("--context", shared.pool.clone()),
         ("--parallel", s.parallel.to_string()),
     ];
-    for (k, v) in pairs {
+    // With `serving.auth = "none"` rank 0 gets no key file (and no mount of it).
+    let keyed = s.auth == crate::config::ApiAuth::Key;
+    for (k, v) in pairs
+        .into_iter()
+        .filter(|(k, _)| keyed || *k != "--api-key-file")
+    {
         argv.push(k.to_owned());
         argv.push(v);
     }
