@@ -6,6 +6,8 @@ mod api_hint;
 mod commands;
 mod events;
 mod exit;
+mod logging;
+mod progress;
 mod render;
 #[cfg(feature = "testbed")]
 mod standin;
@@ -53,9 +55,16 @@ struct Cli {
         value_name = "FILE"
     )]
     config: Option<PathBuf>,
-    /// Machine-readable output: JSON for plans and checks, JSON lines for events.
+    /// Machine-readable output: JSON for plans and checks, JSON lines for events and logs (a
+    /// command with nothing to say in JSON refuses it).
     #[arg(long, global = true)]
     json: bool,
+    /// Only warnings, errors and failures (no step lines, no progress).
+    #[arg(long, short, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Debug lines too; `RUST_LOG` (e.g. `RUST_LOG=debug`) sets the log filter in detail.
+    #[arg(long, short, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -104,6 +113,14 @@ enum Command {
     Testbed(commands::testbed::TestbedCommand),
 }
 
+/// The verbs that refuse `--json` (every other verb honours it).
+fn json_refused(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Init(_) => Some("init"),
+        _ => None,
+    }
+}
+
 fn main() -> ExitCode {
     #[cfg(feature = "testbed")]
     if let Some(code) = standin::dispatch() {
@@ -124,11 +141,31 @@ fn main() -> ExitCode {
         Command::Fetch { revision, .. } => revision.clone(),
         _ => None,
     };
+    let verbosity = if cli.quiet {
+        events::Verbosity::Quiet
+    } else if cli.verbose {
+        events::Verbosity::Verbose
+    } else {
+        events::Verbosity::Normal
+    };
+    logging::init(verbosity);
+    if cli.json
+        && let Some(verb) = json_refused(&cli.command)
+    {
+        let f = exit::Failure::usage(
+            format!("--json: `{verb}` has no machine-readable output"),
+            format!("run `spark-deploy {verb}` without --json"),
+        );
+        render::failure(&f, false);
+        return ExitCode::from(f.code);
+    }
     let global = commands::Global {
         config: cli.config,
         json: cli.json,
         model_revision,
+        verbosity,
     };
+    tracing::debug!(command = ?cli.command, config = ?global.config_path(), "spark-deploy");
     let result = match cli.command {
         Command::Init(args) => commands::init::run(&global, &args),
         Command::Config(cmd) => commands::config::run(&global, &cmd),
@@ -150,7 +187,7 @@ fn main() -> ExitCode {
                 commands::run::Which::Only(&[spark_deploy_core::plan::StepKind::FetchCheckpoint])
             },
         ),
-        Command::RankCache(args) => commands::rank_cache::run(args)
+        Command::RankCache(args) => commands::rank_cache::run(args, global.json)
             .map_err(|e| exit::Failure::new(exit::RUNTIME, e.as_ref(), None)),
         #[cfg(feature = "testbed")]
         Command::Testbed(cmd) => commands::testbed::run(&global, &cmd),

@@ -34,7 +34,13 @@ struct Demo {
 
 impl Demo {
     fn up() -> Self {
-        let out = sd(&["demo"]).output().unwrap();
+        Self::up_with(&[])
+    }
+
+    fn up_with(env: &[(&str, &str)]) -> Self {
+        let mut c = sd(&["demo"]);
+        c.envs(env.iter().copied());
+        let out = c.output().unwrap();
         let demo = Self { out };
         assert!(
             demo.out.status.success(),
@@ -316,4 +322,72 @@ fn testbed_up_prints_how_to_call_the_api_and_the_snippet_works() {
     assert!(ok.status.success(), "no key needed: {}", text(&ok.stderr));
     let s = sd(&["--config", &open_path, "status"]).output().unwrap();
     assert_eq!(s.status.code(), Some(0), "{}", text(&s.stdout));
+}
+
+/// Reads a child's stderr lines on a thread.
+fn stderr_lines_of(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn testbed_progress_is_plain_lines_off_a_terminal_and_ctrl_c_exits_130() {
+    // Off a terminal (stderr is a pipe here): plain progress lines, at every event with a zero
+    // interval, each file with its own figures or the step's total; no bar redraws.
+    let demo = Demo::up_with(&[("SPARK_DEPLOY_PROGRESS_INTERVAL", "0")]);
+    let err = text(&demo.out.stderr);
+    assert!(
+        !err.contains('\r') && !err.contains('\u{1b}'),
+        "no carriage returns or escape codes off a terminal"
+    );
+    let progress: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("    [") && l.contains(" / ") && l.contains("%)"))
+        .collect();
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.starts_with("    [head] FetchCheckpoint total: ")),
+        "download total lines: {err}"
+    );
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.starts_with("    [worker-1] ConfigureWorkerStorage total: ")),
+        "copy total lines: {err}"
+    );
+    assert!(!err.contains("-0.0 B/s"), "{err}");
+
+    // Ctrl-C while `up` waits for the pair: exit 130, both ranks stopped, said once.
+    let d = with_config(&["down"]).output().unwrap();
+    assert!(d.status.success(), "{}", text(&d.stderr));
+    let mut up = with_config(&["up"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = stderr_lines_of(&mut up);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&rx, &mut seen, |l| l.starts_with("==> Smoke")),
+        "up reached Smoke: {seen:?}"
+    );
+    let t = Instant::now();
+    sigint(&up);
+    let status = up.wait().unwrap();
+    seen.extend(rx.try_iter());
+    assert_eq!(status.code(), Some(130), "{seen:?}");
+    assert!(t.elapsed() < Duration::from_secs(30), "stopped promptly");
+    let all = seen.join("\n");
+    assert_eq!(all.matches("interrupted (Ctrl-C)").count(), 1, "{all}");
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(s.status.code(), Some(1), "{}", text(&s.stdout));
 }

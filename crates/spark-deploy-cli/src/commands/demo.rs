@@ -37,8 +37,8 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
         std::fs::write(&path, format!("# Written by `spark-deploy demo` for the testbed.\n{text}")).map_err(|e| Failure::new(RUNTIME, &e, None))?;
         let config = validate(config, &home)?;
         super::run::key_agrees(&config)?;
-        let ctx = Context::new(config.clone(), Arc::new(TerminalSink::new(global.json)));
-        let result = Plan::standard(&config).run(&ctx).await;
+        let ctx = Arc::new(Context::new(config.clone(), Arc::new(TerminalSink::new(global.json, global.verbosity))));
+        let (result, interrupted) = super::run::cancellable(&ctx, Plan::standard(&config).run(&ctx)).await;
         drop(hub);
         match result {
             Ok(report) => {
@@ -51,7 +51,7 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
                 render::note(&format!("stop it with: spark-deploy --config {} down; then spark-deploy testbed down", path.display()));
                 Ok(())
             }
-            Err(e) => Err(Failure::msg(RUNTIME, e.failure.to_string(), e.failure.remedy.clone())),
+            Err(e) => Err(super::run::failure(&e, interrupted, global.json)),
         }
     })
 }

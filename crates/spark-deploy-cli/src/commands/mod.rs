@@ -23,6 +23,8 @@ pub(crate) struct Global {
     pub(crate) json: bool,
     /// `fetch --revision`: replaces `model.revision` (after the file and the environment).
     pub(crate) model_revision: Option<String>,
+    /// `-q` / `-v`.
+    pub(crate) verbosity: crate::events::Verbosity,
 }
 
 /// The default config file name in the working directory.
