@@ -391,3 +391,63 @@ fn testbed_progress_is_plain_lines_off_a_terminal_and_ctrl_c_exits_130() {
     let s = with_config(&["status"]).output().unwrap();
     assert_eq!(s.status.code(), Some(1), "{}", text(&s.stdout));
 }
+
+fn container_id(name: &str) -> String {
+    let o = Command::new("docker")
+        .args(["inspect", "-f", "{{.Id}} {{.State.Running}}", name])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "docker inspect {name}: {}",
+        text(&o.stderr)
+    );
+    text(&o.stdout).trim().to_owned()
+}
+
+#[test]
+fn testbed_demo_and_testbed_up_reuse_a_running_deployment() {
+    let _demo = Demo::up();
+    let ids = || {
+        [
+            container_id("sd-testbed-rank0"),
+            container_id("spark-deploy-testbed-worker-1"),
+        ]
+    };
+    let before = ids();
+    assert!(before.iter().all(|i| i.ends_with(" true")), "{before:?}");
+
+    // A second demo: the testbed is used as it is (the worker container is the same one). The
+    // demo re-imports its engine base image, a new image content, so `up` restarts the pair.
+    let again = sd(&["demo"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let err = text(&again.stderr);
+    assert!(err.contains("reusing the testbed that is up"), "{err}");
+    assert!(!err.contains("bringing the testbed up"), "{err}");
+    let after = ids();
+    assert_eq!(after[1], before[1], "the testbed's worker was not replaced");
+    let before = after;
+    let config = std::fs::read_to_string(CONFIG).unwrap();
+
+    // `testbed up` over a running deployment: reused, its config kept.
+    let up = sd(&["testbed", "up"]).output().unwrap();
+    assert!(up.status.success(), "{}", text(&up.stderr));
+    let out = text(&up.stdout);
+    assert!(
+        out.contains("already up: reused as it is") && out.contains("(kept)"),
+        "{out}"
+    );
+    assert_eq!(ids(), before, "nothing was torn down or restarted");
+    assert_eq!(
+        std::fs::read_to_string(CONFIG).unwrap(),
+        config,
+        "the demo's config is kept"
+    );
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(
+        s.status.code(),
+        Some(0),
+        "still serving: {}",
+        text(&s.stdout)
+    );
+}

@@ -7,4 +7,5 @@ pub mod deployment;
 pub mod engine;
 pub mod host_facts;
 pub mod hub_server;
+pub mod reuse;
 pub mod standin;

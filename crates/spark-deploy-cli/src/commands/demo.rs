@@ -7,6 +7,7 @@ use spark_deploy_core::config::validate;
 use spark_deploy_core::plan::Plan;
 use spark_deploy_core::run::Context;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
+use spark_deploy_testbed::reuse;
 
 use super::Global;
 use crate::api_hint::ApiHint;
@@ -25,8 +26,17 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
         ..TestbedOptions::default()
     };
     rt.block_on(async {
-        render::note("bringing the testbed up (first time: builds its node image from this machine's Debian packages)");
-        let info = cluster::up(&opts).await.map_err(|e| Failure::new(RUNTIME, &e, Some("`spark-deploy testbed down` removes a half-built testbed".into())))?;
+        let info = match reuse::running(&opts).await {
+            // Someone's testbed (maybe a deployment on it): used as it is, never replaced.
+            Some(info) => {
+                render::note(&format!("reusing the testbed that is up ({})", info.state_dir.display()));
+                info
+            }
+            None => {
+                render::note("bringing the testbed up (first time: builds its node image from this machine's Debian packages)");
+                cluster::up(&opts).await.map_err(|e| Failure::new(RUNTIME, &e, Some("`spark-deploy testbed down` removes a half-built testbed".into())))?
+            }
+        };
         render::note("generating the test-scale checkpoint, starting the testbed hub, installing the engine stand-in");
         // This executable is the engine stand-in too (run under the engine's names), so the
         // demo needs nothing else built.
