@@ -322,6 +322,24 @@ fn testbed_up_prints_how_to_call_the_api_and_the_snippet_works() {
     assert!(ok.status.success(), "no key needed: {}", text(&ok.stderr));
     let s = sd(&["--config", &open_path, "status"]).output().unwrap();
     assert_eq!(s.status.code(), Some(0), "{}", text(&s.stdout));
+
+    // Half a pair: `status` is not serving; `logs` shows the rank that is left and names the other.
+    let rm = Command::new("docker")
+        .args(["rm", "-f", "sd-testbed-rank1"])
+        .output()
+        .unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(s.status.code(), Some(1), "{}", text(&s.stdout));
+    assert!(text(&s.stdout).contains(": degraded"), "{}", text(&s.stdout));
+    let l = with_config(&["logs"]).output().unwrap();
+    assert!(l.status.success(), "{}", text(&l.stderr));
+    assert!(text(&l.stdout).contains("[rank 0] "), "{}", text(&l.stdout));
+    assert!(
+        text(&l.stderr).contains("rank 1 on worker-1: no container sd-testbed-rank1"),
+        "{}",
+        text(&l.stderr)
+    );
 }
 
 /// Reads a child's stderr lines on a thread.

@@ -152,7 +152,12 @@ pub(crate) fn run_logs(global: &Global, args: &LogsArgs) -> Result<(), Failure> 
             }
         };
         tokio::select! {
-            r = log_stream::read(&ctx, &ranks, &query, &mut on_line) => r.map_err(|e| Failure::new(RUNTIME, &e, None)),
+            r = log_stream::read(&ctx, &ranks, &query, &mut on_line) => {
+                for m in r.map_err(|e| Failure::new(RUNTIME, &e, None))? {
+                    render::note(&format!("warning: {m}"));
+                }
+                Ok(())
+            }
             () = closed.notified() => Ok(()),
             _ = tokio::signal::ctrl_c() => Err(Failure::reported(INTERRUPTED)),
         }

@@ -165,7 +165,12 @@ impl Source<'_> {
     }
 }
 
-async fn sources<'a>(ctx: &'a Context, ranks: &[usize]) -> Result<Vec<Source<'a>>, LogsError> {
+/// The ranks' containers; the ranks without one go to `missing`.
+async fn sources<'a>(
+    ctx: &'a Context,
+    ranks: &[usize],
+    missing: &mut Vec<LogsError>,
+) -> Result<Vec<Source<'a>>, LogsError> {
     let c = ctx.config().config();
     let mut out = Vec::new();
     for &rank in ranks {
@@ -189,11 +194,12 @@ async fn sources<'a>(ctx: &'a Context, ranks: &[usize]) -> Result<Vec<Source<'a>
             })?
             .is_some();
         if !exists {
-            return Err(LogsError::NoContainer {
+            missing.push(LogsError::NoContainer {
                 rank,
                 node,
                 container,
             });
+            continue;
         }
         out.push(Source {
             rank,
@@ -207,18 +213,24 @@ async fn sources<'a>(ctx: &'a Context, ranks: &[usize]) -> Result<Vec<Source<'a>
 
 /// Calls `on_line` with the last lines of every rank in `ranks`, ordered by time across ranks;
 /// with [`LogQuery::follow`], then with every new line as it arrives until every container's log
-/// ends (the container stopped). Drop the future to stop following.
+/// ends (the container stopped). Drop the future to stop following. Returns the ranks that have
+/// no container while others have one (a half-stopped pair), so the caller can say so.
 ///
 /// # Errors
 ///
-/// [`LogsError`] naming the rank and node: Docker unreachable, no container, a read failure.
+/// [`LogsError`] naming the rank and node: Docker unreachable, a read failure, or no container
+/// for any of `ranks`.
 pub async fn read(
     ctx: &Context,
     ranks: &[usize],
     query: &LogQuery,
     on_line: &mut dyn FnMut(LogLine),
-) -> Result<(), LogsError> {
-    let sources = sources(ctx, ranks).await?;
+) -> Result<Vec<LogsError>, LogsError> {
+    let mut missing = Vec::new();
+    let sources = sources(ctx, ranks, &mut missing).await?;
+    if sources.is_empty() && !missing.is_empty() {
+        return Err(missing.swap_remove(0));
+    }
     // The backlog: each rank's lines in full, then merged by time (a stable sort keeps each
     // rank's own order for equal stamps).
     let mut backlog = Vec::new();
@@ -241,7 +253,7 @@ pub async fn read(
         on_line(line);
     }
     if !query.follow {
-        return Ok(());
+        return Ok(missing);
     }
     // Following: from the last second already shown (Docker's `since` has whole seconds), with
     // the lines already shown skipped.
@@ -279,7 +291,7 @@ pub async fn read(
             on_line(sources[i].line(&raw));
         }
     }
-    Ok(())
+    Ok(missing)
 }
 
 #[cfg(test)]
