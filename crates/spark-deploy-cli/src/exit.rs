@@ -7,7 +7,6 @@ pub(crate) const USAGE: u8 = 2;
 /// The configuration is unreadable or invalid.
 pub(crate) const CONFIG: u8 = 3;
 /// A preflight check failed: nothing was changed.
-#[allow(dead_code)]
 pub(crate) const PREFLIGHT: u8 = 4;
 /// A step failed while running.
 pub(crate) const RUNTIME: u8 = 5;

@@ -331,7 +331,11 @@ fn testbed_up_prints_how_to_call_the_api_and_the_snippet_works() {
     assert!(rm.status.success(), "{}", text(&rm.stderr));
     let s = with_config(&["status"]).output().unwrap();
     assert_eq!(s.status.code(), Some(1), "{}", text(&s.stdout));
-    assert!(text(&s.stdout).contains(": degraded"), "{}", text(&s.stdout));
+    assert!(
+        text(&s.stdout).contains(": degraded"),
+        "{}",
+        text(&s.stdout)
+    );
     let l = with_config(&["logs"]).output().unwrap();
     assert!(l.status.success(), "{}", text(&l.stderr));
     assert!(text(&l.stdout).contains("[rank 0] "), "{}", text(&l.stdout));
