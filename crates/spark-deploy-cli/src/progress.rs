@@ -222,10 +222,12 @@ impl Progress {
         }
     }
 
-    /// Forgets a step's rows (it finished or failed).
+    /// Forgets a step's rows (it finished or failed); the next step's first figures are due at
+    /// once.
     pub(crate) fn end_step(&mut self, step: StepKind) {
         self.groups
             .retain(|k, _| k != step.title() && !k.ends_with(&format!("] {}", step.title())));
+        self.last_print = None;
     }
 
     /// Every row to show: each active file, then the group's total (given by the step, or the
@@ -407,5 +409,10 @@ mod tests {
                 .all(|l| !l.contains('\r') && !l.contains('\u{1b}')),
             "plain text"
         );
+        // The next step's first figures come at once.
+        p.end_step(StepKind::BuildImage);
+        let t = t0 + Duration::from_secs(11);
+        p.update(file("[head] BuildRankCache", "rank0of2", 1, 10), t);
+        assert_eq!(p.due_lines(t).len(), 1);
     }
 }
