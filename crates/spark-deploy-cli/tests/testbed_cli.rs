@@ -230,7 +230,6 @@ fn python() -> String {
             .ok()
             .map(|v| format!("{v}/bin/python")),
         Some(format!("{repo}/.venv/bin/python")),
-        Some("/work/venv/bin/python".to_owned()),
         Some("python3".to_owned()),
     ];
     for p in candidates.into_iter().flatten() {
