@@ -1,88 +1,182 @@
-//! Renders the core's event stream: progress bars and step lines for people, JSON lines for
-//! machines (`--json`). The core never prints; this is the only place events become text.
+//! Renders the core's event stream: step lines and progress for people (bars on a terminal, plain
+//! lines at an interval otherwise), JSON lines for machines (`--json`). The core never prints;
+//! this is the only place events become text. The progress figures come from `progress.rs`.
 
 use std::collections::HashMap;
+use std::io::IsTerminal as _;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use spark_deploy_core::event::{Event, EventSink, Level};
+use spark_deploy_core::event::{Source, StepKind};
+
+use crate::progress::{Progress, RowView, Update, human_bytes};
+
+/// How much the terminal shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Verbosity {
+    /// `-q`: warnings, errors and failures only.
+    Quiet,
+    /// Steps, decisions, progress.
+    Normal,
+    /// `-v`: debug lines too.
+    Verbose,
+}
+
+/// How often plain progress lines are printed when stderr is not a terminal (seconds), unless
+/// `SPARK_DEPLOY_PROGRESS_INTERVAL` says otherwise.
+const PLAIN_EVERY_S: f64 = 10.0;
+
+fn plain_every() -> Duration {
+    std::env::var("SPARK_DEPLOY_PROGRESS_INTERVAL")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(
+            Duration::from_secs_f64(PLAIN_EVERY_S),
+            Duration::from_secs_f64,
+        )
+}
+
+struct State {
+    progress: Progress,
+    bars: HashMap<String, ProgressBar>,
+}
 
 /// An event sink writing to the terminal.
 pub(crate) struct TerminalSink {
     json: bool,
-    bars: MultiProgress,
-    active: Mutex<HashMap<String, ProgressBar>>,
+    verbosity: Verbosity,
+    /// `Some` when stderr is a terminal: bars redrawn in place.
+    multi: Option<MultiProgress>,
+    state: Mutex<State>,
 }
 
 impl TerminalSink {
-    pub(crate) fn new(json: bool) -> Self {
-        let bars = if json {
-            MultiProgress::with_draw_target(ProgressDrawTarget::hidden())
-        } else {
-            MultiProgress::new()
-        };
+    pub(crate) fn new(json: bool, verbosity: Verbosity) -> Self {
+        let multi = (!json && std::io::stderr().is_terminal())
+            .then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
         Self {
             json,
-            bars,
-            active: Mutex::new(HashMap::new()),
+            verbosity,
+            multi,
+            state: Mutex::new(State {
+                progress: Progress::new(plain_every()),
+                bars: HashMap::new(),
+            }),
         }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn line(&self, text: &str) {
-        // Through the bar manager so lines never tear a bar; it falls back to stderr without a TTY.
-        if self.bars.is_hidden() {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("{text}");
+        // Through the bar manager so lines never tear a bar.
+        match &self.multi {
+            Some(m) => {
+                let _ = m.println(text);
             }
-        } else {
-            let _ = self.bars.println(text);
+            None => {
+                #[allow(clippy::print_stderr)]
+                {
+                    eprintln!("{text}");
+                }
+            }
         }
     }
 
-    fn bar(&self, key: &str, total: Option<u64>) -> ProgressBar {
-        let mut active = self
-            .active
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        active
-            .entry(key.to_owned())
-            .or_insert_with(|| {
-                let pb = self.bars.add(total.map_or_else(ProgressBar::no_length, ProgressBar::new));
-                pb.set_style(
-                    ProgressStyle::with_template("{prefix:>12} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}")
-                        .unwrap_or_else(|_| ProgressStyle::default_bar())
-                        .progress_chars("=> "),
-                );
-                pb.set_prefix(key.chars().take(12).collect::<String>());
-                pb.enable_steady_tick(Duration::from_millis(250));
-                pb
-            })
-            .clone()
+    fn progress(&self, update: Update) {
+        if self.verbosity == Verbosity::Quiet {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.state();
+        st.progress.update(update, now);
+        match &self.multi {
+            Some(m) => {
+                let rows = st.progress.rows(now);
+                sync_bars(m, &mut st.bars, &rows);
+            }
+            None => {
+                let lines = st.progress.due_lines(now);
+                drop(st);
+                for l in lines {
+                    self.line(&l);
+                }
+            }
+        }
     }
 
-    fn finish_bars(&self) {
-        let mut active = self
-            .active
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (_, pb) in active.drain() {
-            pb.finish_and_clear();
+    fn end_step(&self, step: &Source) {
+        let mut st = self.state();
+        st.progress.end_step(step);
+        if self.multi.is_some() {
+            let rows = st.progress.rows(Instant::now());
+            if let Some(m) = &self.multi {
+                sync_bars(m, &mut st.bars, &rows);
+            }
+        }
+    }
+
+    fn shows(&self, level: Level) -> bool {
+        match level {
+            Level::Warn | Level::Error => true,
+            Level::Info => self.verbosity >= Verbosity::Normal,
+            Level::Debug => self.verbosity >= Verbosity::Verbose,
         }
     }
 }
 
-fn human_bytes(n: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    #[allow(clippy::cast_precision_loss)]
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < units.len() - 1 {
-        v /= 1024.0;
-        u += 1;
+/// Makes the bars match `rows`: one per active file, then each step's total.
+fn sync_bars(m: &MultiProgress, bars: &mut HashMap<String, ProgressBar>, rows: &[RowView]) {
+    bars.retain(|k, pb| {
+        let keep = rows.iter().any(|r| &r.key == k);
+        if !keep {
+            pb.finish_and_clear();
+            m.remove(pb);
+        }
+        keep
+    });
+    for r in rows {
+        let pb = if let Some(pb) = bars.get(&r.key) {
+            pb.clone()
+        } else {
+            let pb = ProgressBar::new(r.total.unwrap_or(0));
+            pb.set_style(
+                ProgressStyle::with_template("{prefix:<40!} [{bar:24}] {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            pb.set_prefix(r.name.clone());
+            // A file's bar goes above its step's total.
+            let group_total = r.key.rsplit_once(' ').map(|(g, _)| format!("{g} total"));
+            let pb = match group_total.and_then(|t| bars.get(&t).filter(|_| t != r.key)) {
+                Some(total) => m.insert_before(total, pb),
+                None => m.add(pb),
+            };
+            bars.insert(r.key.clone(), pb.clone());
+            pb
+        };
+        if let Some(t) = r.total {
+            pb.set_length(t);
+        }
+        pb.set_position(r.done);
+        pb.set_message(r.text.clone());
     }
-    format!("{v:.1} {}", units[u])
+}
+
+/// What a `Failed` line shows of the error. Preflight streams each check as it is decided
+/// (failed checks as error lines, even with `-q`), so its failure shows the summary line only,
+/// not the table of the same checks again.
+fn failure_text<'a>(source: &Source, error: &'a str) -> &'a str {
+    match source.step() {
+        Some(StepKind::Preflight) => error.lines().next().unwrap_or(error).trim_end_matches(':'),
+        _ => error,
+    }
 }
 
 impl EventSink for TerminalSink {
@@ -94,73 +188,62 @@ impl EventSink for TerminalSink {
             }
             return;
         }
+        if let Some(u) = Update::of(&event) {
+            self.progress(u);
+            return;
+        }
+        let normal = self.verbosity >= Verbosity::Normal;
         match &event {
-            Event::Started { source, message } => {
-                self.line(&format!("==> {}: {message}", source.title()))
-            }
-            Event::Progress {
-                node,
-                label,
-                bytes_done,
-                bytes_total,
-                ..
-            } => {
-                let key = node
-                    .as_ref()
-                    .map_or_else(|| label.clone(), |n| format!("{n}:{label}"));
-                let pb = self.bar(&key, *bytes_total);
-                if let Some(t) = bytes_total {
-                    pb.set_length(*t);
-                }
-                pb.set_position(*bytes_done);
+            Event::Started { source, message } if normal => {
+                self.line(&format!("==> {}: {message}", source.title()));
             }
             Event::Log {
                 node, level, line, ..
-            } => {
+            } if self.shows(*level) => {
                 let tag = match level {
                     Level::Warn => "warning: ",
                     Level::Error => "error: ",
-                    Level::Info | Level::Debug => "",
+                    Level::Debug => "debug: ",
+                    Level::Info => "",
                 };
                 let who = node
                     .as_ref()
                     .map_or_else(String::new, |n| format!("[{n}] "));
                 self.line(&format!("    {who}{tag}{line}"));
             }
-            Event::Skipped { source, reason } => {
-                self.line(&format!("--- {} skipped: {reason}", source.title()))
+            Event::Skipped { source, reason } if normal => {
+                self.line(&format!("--- {} skipped: {reason}", source.title()));
             }
             Event::Finished {
                 source,
                 duration_ms,
                 bytes,
             } => {
-                self.finish_bars();
-                let b = bytes.map_or_else(String::new, |b| format!(", {}", human_bytes(b)));
-                #[allow(clippy::cast_precision_loss)]
-                let secs = *duration_ms as f64 / 1000.0;
-                self.line(&format!("<== {} done in {secs:.1} s{b}", source.title()));
+                self.end_step(source);
+                if normal {
+                    let b = bytes.map_or_else(String::new, |b| format!(", {}", human_bytes(b)));
+                    #[allow(clippy::cast_precision_loss)]
+                    let secs = *duration_ms as f64 / 1000.0;
+                    self.line(&format!("<== {} done in {secs:.1} s{b}", source.title()));
+                }
             }
+            // A failure is always shown, and only here: the command does not repeat it.
             Event::Failed {
                 source,
                 error,
                 remedy,
             } => {
-                self.finish_bars();
-                self.line(&format!("!!! {} failed: {error}", source.title()));
+                self.end_step(source);
+                self.line(&format!(
+                    "!!! {} failed: {}",
+                    source.title(),
+                    failure_text(source, error)
+                ));
                 if let Some(r) = remedy {
                     self.line(&format!("    remedy: {r}"));
                 }
             }
+            _ => {}
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn bytes_are_readable() {
-        assert_eq!(super::human_bytes(1536), "1.5 KiB");
-        assert_eq!(super::human_bytes(3 << 30), "3.0 GiB");
     }
 }

@@ -1,18 +1,21 @@
 //! Documented exit codes.
 
+/// `status`: the pair is not serving (down or degraded), like `systemctl is-active`.
+pub(crate) const NOT_SERVING: u8 = 1;
 /// Bad command line.
 pub(crate) const USAGE: u8 = 2;
 /// The configuration is unreadable or invalid.
 pub(crate) const CONFIG: u8 = 3;
 /// A preflight check failed: nothing was changed.
-#[allow(dead_code)]
 pub(crate) const PREFLIGHT: u8 = 4;
 /// A step failed while running.
 pub(crate) const RUNTIME: u8 = 5;
+/// Interrupted by Ctrl-C (SIGINT), as shells report it: 128 + 2.
+pub(crate) const INTERRUPTED: u8 = 130;
 
 /// The exit-code table shown in `--help`.
-pub(crate) const HELP: &str =
-    "Exit codes: 0 success, 2 usage, 3 configuration, 4 preflight (nothing changed), 5 runtime.";
+pub(crate) const HELP: &str = "Exit codes: 0 success, 1 `status`: not serving, 2 usage, 3 configuration, \
+                                4 preflight (nothing changed), 5 runtime, 130 interrupted (Ctrl-C).";
 
 /// A failed command: the exit code, the message chain and the remedy.
 #[derive(Debug)]
@@ -20,6 +23,9 @@ pub(crate) struct Failure {
     pub(crate) code: u8,
     pub(crate) message: String,
     pub(crate) remedy: Option<String>,
+    /// Already shown to the user (by the event stream or the command's own output): only the
+    /// exit code remains, so the failure is printed once.
+    pub(crate) reported: bool,
 }
 
 impl Failure {
@@ -34,7 +40,33 @@ impl Failure {
             code,
             message,
             remedy,
+            reported: false,
         }
+    }
+
+    /// A failure with a plain message.
+    pub(crate) fn msg(code: u8, message: impl Into<String>, remedy: Option<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            remedy,
+            reported: false,
+        }
+    }
+
+    /// Only an exit code: what went wrong has been shown already.
+    pub(crate) fn reported(code: u8) -> Self {
+        Self {
+            code,
+            message: String::new(),
+            remedy: None,
+            reported: true,
+        }
+    }
+
+    /// A bad command line (exit 2).
+    pub(crate) fn usage(message: impl Into<String>, remedy: impl Into<String>) -> Self {
+        Self::msg(USAGE, message, Some(remedy.into()))
     }
 }
 

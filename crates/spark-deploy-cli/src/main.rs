@@ -2,9 +2,12 @@
 //!
 //! Exit codes: 0 success, 2 usage, 3 configuration, 4 preflight, 5 runtime (see `exit.rs`).
 
+mod api_hint;
 mod commands;
 mod events;
 mod exit;
+mod logging;
+mod progress;
 mod render;
 #[cfg(feature = "testbed")]
 mod standin;
@@ -14,9 +17,34 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Deploy one large model across NVIDIA DGX Sparks.
+/// One line for `-h`.
+const ABOUT: &str = "Deploy one large model across NVIDIA DGX Sparks (one tensor-parallel rank per \
+                     Spark) and serve it through an OpenAI-compatible API on the head";
+
+/// `--help`: what the tool does and the usual order of commands.
+const LONG_ABOUT: &str = "\
+Deploy one large model across NVIDIA DGX Sparks (one tensor-parallel rank per Spark, joined by their
+ConnectX-7 link) and serve it through an OpenAI-compatible API on the head: TensorFold's dsv41
+engine with DeepSeek-V4.1-Flash at TP=2 on port 8888 by default.
+
+It checks every node (preflight), downloads the pinned checkpoint into the Hugging Face cache,
+builds each rank's weight file, gives the worker its inputs (NFS or copy), builds the engine image,
+starts both ranks and smoke-tests the API; steps whose work is done are skipped.
+
+Usual order: `init`, `config check`, `plan` (touches nothing), `preflight`, `up`; then `status`,
+`logs`, `api-key`, `restart`, `down`. `demo` does it all on a testbed (two Sparks on this machine).";
+
+/// Deploy one large model across NVIDIA DGX Sparks (one tensor-parallel rank per Spark) and serve
+/// it through an OpenAI-compatible API on the head.
 #[derive(Parser, Debug)]
-#[command(name = "spark-deploy", version, about, propagate_version = true, after_help = exit::HELP)]
+#[command(
+    name = "spark-deploy",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    propagate_version = true,
+    after_help = exit::HELP
+)]
 struct Cli {
     /// Config file (default: ./spark-deploy.toml when present, else the built-in defaults).
     #[arg(
@@ -27,9 +55,16 @@ struct Cli {
         value_name = "FILE"
     )]
     config: Option<PathBuf>,
-    /// Machine-readable output: JSON for plans and checks, JSON lines for events.
+    /// Machine-readable output: JSON for plans and checks, JSON lines for events and logs (a
+    /// command with nothing to say in JSON refuses it).
     #[arg(long, global = true)]
     json: bool,
+    /// Only warnings, errors and failures (no step lines, no progress).
+    #[arg(long, short, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Debug lines too; `RUST_LOG` (e.g. `RUST_LOG=debug`) sets the log filter in detail.
+    #[arg(long, short, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -69,6 +104,10 @@ enum Command {
         /// Check the cache only, with no network (air-gapped nodes).
         #[arg(long)]
         verify_only: bool,
+        /// Fetch this revision of the model (a commit, branch or tag) instead of `model.revision`
+        /// (this run only; set `model.revision` to serve it).
+        #[arg(long, value_name = "REV")]
+        revision: Option<String>,
     },
     /// Build, verify or preview per-rank weight files (TFDSRK01) without a GPU.
     RankCache(commands::rank_cache::RankCacheArgs),
@@ -76,6 +115,14 @@ enum Command {
     #[cfg(feature = "testbed")]
     #[command(subcommand)]
     Testbed(commands::testbed::TestbedCommand),
+}
+
+/// The verbs that refuse `--json` (every other verb honours it).
+fn json_refused(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Init(_) => Some("init"),
+        _ => None,
+    }
 }
 
 fn main() -> ExitCode {
@@ -94,10 +141,35 @@ fn main() -> ExitCode {
             };
         }
     };
+    let model_revision = match &cli.command {
+        Command::Fetch { revision, .. } => revision.clone(),
+        _ => None,
+    };
+    let verbosity = if cli.quiet {
+        events::Verbosity::Quiet
+    } else if cli.verbose {
+        events::Verbosity::Verbose
+    } else {
+        events::Verbosity::Normal
+    };
+    logging::init(verbosity);
+    if cli.json
+        && let Some(verb) = json_refused(&cli.command)
+    {
+        let f = exit::Failure::usage(
+            format!("--json: `{verb}` has no machine-readable output"),
+            format!("run `spark-deploy {verb}` without --json"),
+        );
+        render::failure(&f, false);
+        return ExitCode::from(f.code);
+    }
     let global = commands::Global {
         config: cli.config,
         json: cli.json,
+        model_revision,
+        verbosity,
     };
+    tracing::debug!(command = ?cli.command, config = ?global.config_path(), "spark-deploy");
     let result = match cli.command {
         Command::Init(args) => commands::init::run(&global, &args),
         Command::Config(cmd) => commands::config::run(&global, &cmd),
@@ -112,7 +184,7 @@ fn main() -> ExitCode {
         Command::Down => commands::run::run(&global, commands::run::Which::Down),
         Command::Prepare => commands::run::run(&global, commands::run::Which::Prepare),
         Command::Preflight => commands::run::run(&global, commands::run::Which::Preflight),
-        Command::Fetch { verify_only } => commands::run::run(
+        Command::Fetch { verify_only, .. } => commands::run::run(
             &global,
             if verify_only {
                 commands::run::Which::FetchVerifyOnly
@@ -120,7 +192,7 @@ fn main() -> ExitCode {
                 commands::run::Which::Fetch
             },
         ),
-        Command::RankCache(args) => commands::rank_cache::run(args)
+        Command::RankCache(args) => commands::rank_cache::run(args, global.json)
             .map_err(|e| exit::Failure::new(exit::RUNTIME, e.as_ref(), None)),
         #[cfg(feature = "testbed")]
         Command::Testbed(cmd) => commands::testbed::run(&global, &cmd),

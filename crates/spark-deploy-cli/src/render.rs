@@ -5,6 +5,9 @@ use crate::exit::Failure;
 /// Prints a failure: human text on stderr, or one JSON object on stdout with `--json`.
 #[allow(clippy::print_stderr, clippy::print_stdout)]
 pub(crate) fn failure(f: &Failure, json: bool) {
+    if f.reported {
+        return;
+    }
     if json {
         let v = serde_json::json!({ "error": f.message, "remedy": f.remedy, "exit_code": f.code });
         println!("{v}");
@@ -32,6 +35,12 @@ pub(crate) fn out(text: &str) {
     } else {
         println!("{text}");
     }
+}
+
+/// Writes one line on stdout; `false` once stdout is closed (`| head`), so a caller stops.
+pub(crate) fn line(text: &str) -> bool {
+    use std::io::Write as _;
+    writeln!(std::io::stdout().lock(), "{text}").is_ok()
 }
 
 /// Prints an informational note on stderr.

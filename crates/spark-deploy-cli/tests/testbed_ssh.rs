@@ -2,6 +2,9 @@
 //! (whose `~/.ssh/config` names the worker by an alias) and `SSH_AUTH_SOCK` (an agent holding
 //! the only key the worker accepts). The config names no port, identity file or known_hosts.
 //! Runs on the testbed (`testbed up` / `testbed down` of the same binary).
+
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![cfg(feature = "testbed")]
 
 mod common;

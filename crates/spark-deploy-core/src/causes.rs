@@ -26,9 +26,11 @@ pub fn causes(err: &(dyn Error + 'static)) -> Vec<String> {
                 own = stripped.trim_end_matches([':', ' ', '(', '\n']);
             }
         }
-        if !own.is_empty() && out.last().is_none_or(|l| l != own) {
-            out.push(own.to_owned());
+        // A cause whose text its parent already shows adds nothing.
+        if own.is_empty() || out.last().is_some_and(|l| l.contains(own)) {
+            continue;
         }
+        out.push(own.to_owned());
     }
     out
 }
@@ -75,5 +77,12 @@ mod tests {
         );
         let p = Plain(std::io::Error::other("gone"));
         assert_eq!(causes(&p), ["the launch failed", "gone"]);
+        // A wrapper that quotes its cause inside its own words keeps them; the cause is not
+        // repeated after it.
+        #[derive(Debug, thiserror::Error)]
+        #[error("request error: {0} (retry later)")]
+        struct Quotes(#[source] std::io::Error);
+        let q = Quotes(std::io::Error::other("refused"));
+        assert_eq!(causes(&q), ["request error: refused (retry later)"]);
     }
 }

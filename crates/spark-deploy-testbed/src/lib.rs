@@ -7,5 +7,6 @@ pub mod deployment;
 pub mod engine;
 pub mod host_facts;
 pub mod hub_server;
+pub mod reuse;
 pub mod ssh_agent;
 pub mod standin;

@@ -8,6 +8,9 @@
 //! goes to the worker's sshd on port 22, and from there to 127.0.0.1:2222 inside it, which the
 //! head cannot reach directly (nothing listens on the head's 127.0.0.1:2222).
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -7,8 +7,10 @@ use spark_deploy_core::config::validate;
 use spark_deploy_core::plan::Plan;
 use spark_deploy_core::run::Context;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
+use spark_deploy_testbed::reuse;
 
 use super::Global;
+use crate::api_hint::ApiHint;
 use crate::events::TerminalSink;
 use crate::exit::{CONFIG, Failure, RUNTIME};
 use crate::render;
@@ -24,8 +26,17 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
         ..TestbedOptions::default()
     };
     rt.block_on(async {
-        render::note("bringing the testbed up (first time: builds its node image from this machine's Debian packages)");
-        let info = cluster::up(&opts).await.map_err(|e| Failure::new(RUNTIME, &e, Some("`spark-deploy testbed down` removes a half-built testbed".into())))?;
+        let info = match reuse::running(&opts).await {
+            // Someone's testbed (maybe a deployment on it): used as it is, never replaced.
+            Some(info) => {
+                render::note(&format!("reusing the testbed that is up ({})", info.state_dir.display()));
+                info
+            }
+            None => {
+                render::note("bringing the testbed up (first time: builds its node image from this machine's Debian packages)");
+                cluster::up(&opts).await.map_err(|e| Failure::new(RUNTIME, &e, Some("`spark-deploy testbed down` removes a half-built testbed".into())))?
+            }
+        };
         render::note("generating the test-scale checkpoint, starting the testbed hub, installing the engine stand-in");
         // This executable is the engine stand-in too (run under the engine's names), so the
         // demo needs nothing else built.
@@ -35,15 +46,22 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
         let text = toml::to_string_pretty(&config).map_err(|e| Failure::new(CONFIG, &e, None))?;
         std::fs::write(&path, format!("# Written by `spark-deploy demo` for the testbed.\n{text}")).map_err(|e| Failure::new(RUNTIME, &e, None))?;
         let config = validate(config, &home)?;
-        let ctx = Context::new(config.clone(), Arc::new(TerminalSink::new(global.json)));
-        let result = Plan::standard(&config).run(&ctx).await;
+        super::run::key_agrees(&config)?;
+        let ctx = Arc::new(Context::new(config.clone(), Arc::new(TerminalSink::new(global.json, global.verbosity))));
+        let (result, interrupted) = super::run::cancellable(&ctx, Plan::standard(&config).run(&ctx)).await;
         drop(hub);
         match result {
-            Ok(_) => {
+            Ok(report) => {
+                let hint = ApiHint::new(&config, Some(&path.display().to_string()));
+                if global.json {
+                    render::out(&serde_json::json!({ "report": report, "api": hint, "config": path }).to_string());
+                } else {
+                    render::out(&hint.text());
+                }
                 render::note(&format!("stop it with: spark-deploy --config {} down; then spark-deploy testbed down", path.display()));
                 Ok(())
             }
-            Err(e) => Err(Failure { code: RUNTIME, message: e.to_string(), remedy: e.failure.remedy.clone() }),
+            Err(e) => Err(super::run::failure(&e, interrupted, global.json)),
         }
     })
 }

@@ -63,11 +63,11 @@ pub(crate) fn run(_global: &Global, args: &InitArgs) -> Result<(), Failure> {
         return Ok(());
     }
     if args.file.exists() && !args.force {
-        return Err(Failure {
-            code: CONFIG,
-            message: format!("{} already exists", args.file.display()),
-            remedy: Some("pass --force to overwrite, or choose another file".into()),
-        });
+        return Err(Failure::msg(
+            CONFIG,
+            format!("{} already exists", args.file.display()),
+            Some("pass --force to overwrite, or choose another file".into()),
+        ));
     }
     std::fs::write(&args.file, text).map_err(|source| {
         Failure::from(ConfigError::Write {

@@ -21,6 +21,10 @@ use crate::exit::Failure;
 pub(crate) struct Global {
     pub(crate) config: Option<PathBuf>,
     pub(crate) json: bool,
+    /// `fetch --revision`: replaces `model.revision` (after the file and the environment).
+    pub(crate) model_revision: Option<String>,
+    /// `-q` / `-v`.
+    pub(crate) verbosity: crate::events::Verbosity,
 }
 
 /// The default config file name in the working directory.
@@ -36,9 +40,17 @@ impl Global {
         })
     }
 
+    /// The `--config FILE` argument a follow-up command needs (`None` for the default file).
+    pub(crate) fn config_arg(&self) -> Option<String> {
+        self.config.as_ref().map(|p| p.display().to_string())
+    }
+
     /// Loads, applies the environment and validates.
     pub(crate) fn load(&self) -> Result<ValidatedConfig, Failure> {
-        let raw = cfg::load(self.config_path().as_deref())?;
+        let mut raw = cfg::load(self.config_path().as_deref())?;
+        if let Some(rev) = &self.model_revision {
+            raw.model.revision.clone_from(rev);
+        }
         let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
         Ok(cfg::validate(raw, &home)?)
     }
@@ -46,15 +58,23 @@ impl Global {
 
 /// `spark-deploy api-key`: prints the key on request (never in logs or events).
 pub(crate) fn api_key(global: &Global) -> Result<(), Failure> {
+    use spark_deploy_core::lifecycle::api_key::{self, ApiKeyError};
     let config = global.load()?;
-    let path = std::path::Path::new(&config.config().serving.api_key_file);
-    let key = spark_deploy_core::lifecycle::api_key::read(path).map_err(|e| {
-        Failure::new(
-            crate::exit::RUNTIME,
-            &e,
-            Some("run `spark-deploy up` first: it generates the key".into()),
-        )
+    let key = api_key::current(&config.config().serving).map_err(|e| {
+        let (code, remedy) = match &e {
+            ApiKeyError::Io { .. } => (
+                crate::exit::RUNTIME,
+                Some("run `spark-deploy up` first: it generates the key".into()),
+            ),
+            // The message carries its remedy.
+            _ => (crate::exit::CONFIG, None),
+        };
+        Failure::new(code, &e, remedy)
     })?;
-    crate::render::out(key.expose());
+    if global.json {
+        crate::render::out(&serde_json::json!({ "api_key": key.expose() }).to_string());
+    } else {
+        crate::render::out(key.expose());
+    }
     Ok(())
 }

@@ -112,12 +112,13 @@ fn reporter()
 
 /// Runs the command and prints its result: `build` prints the reference writer's summary line
 /// (`{"file", "entries", "data_bytes", "index_bytes", "rank", "world", "parity", "dspark"}`),
-/// `index-only` the index JSON then the file name, `verify` the file checked.
+/// `index-only` the index JSON then the file name, `verify` the file checked; with `json`, one JSON
+/// document each.
 ///
 /// # Errors
 /// Every [`spark_deploy_core::engine::tensorfold::inputs::RankCacheError`], boxed; its message
 /// carries the remedy.
-pub(crate) fn run(args: RankCacheArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) fn run(args: RankCacheArgs, json: bool) -> Result<(), Box<dyn std::error::Error>> {
     match args.command {
         RankCacheCommand::Build { target, move_aside } => {
             let mut opts = target.options();
@@ -137,13 +138,24 @@ pub(crate) fn run(args: RankCacheArgs) -> Result<(), Box<dyn std::error::Error>>
                 VerifyLevel::Index
             };
             let file = verify_rank_cache(&plan, &target.out_dir, level, &opts, &mut reporter())?;
-            println!(
-                "{}: OK ({} entries, {} data bytes{})",
-                file.display(),
-                plan.entries.len(),
-                plan.data_bytes,
-                if bytes { ", every byte compared" } else { "" }
-            );
+            if json {
+                let v = serde_json::json!({
+                    "file": file,
+                    "ok": true,
+                    "entries": plan.entries.len(),
+                    "data_bytes": plan.data_bytes,
+                    "every_byte_compared": bytes,
+                });
+                println!("{v}");
+            } else {
+                println!(
+                    "{}: OK ({} entries, {} data bytes{})",
+                    file.display(),
+                    plan.entries.len(),
+                    plan.data_bytes,
+                    if bytes { ", every byte compared" } else { "" }
+                );
+            }
         }
         RankCacheCommand::IndexOnly { target } => {
             let plan = plan_rank_cache(
@@ -152,8 +164,16 @@ pub(crate) fn run(args: RankCacheArgs) -> Result<(), Box<dyn std::error::Error>>
                 target.world,
                 &target.options(),
             )?;
-            println!("{}", plan.index_json);
-            println!("{}", plan.file_name);
+            if json {
+                let index: serde_json::Value = serde_json::from_str(&plan.index_json)?;
+                println!(
+                    "{}",
+                    serde_json::json!({ "index": index, "file_name": plan.file_name })
+                );
+            } else {
+                println!("{}", plan.index_json);
+                println!("{}", plan.file_name);
+            }
         }
     }
     Ok(())

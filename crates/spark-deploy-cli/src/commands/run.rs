@@ -1,27 +1,65 @@
-//! Commands that run steps: `up`, `down`, `preflight`, `fetch`, `rank-inputs`.
+//! Commands that run plans: `up`, `down`, `restart`, `prepare`, `preflight`, `fetch`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use spark_deploy_core::config::ValidatedConfig;
 use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::run::{Context, RunError};
 
 use super::Global;
+use crate::api_hint::ApiHint;
 use crate::events::TerminalSink;
-use crate::exit::{Failure, PREFLIGHT, RUNTIME};
+use crate::exit::{CONFIG, Failure, INTERRUPTED, PREFLIGHT, RUNTIME};
 use crate::render;
 
 pub(crate) use spark_deploy_core::plan::Verb as Which;
 
-fn failure(e: &RunError) -> Failure {
-    let code = if e.failure.step == StepKind::Preflight {
+/// The failure of a run. The event stream has shown it already (the `Failed` event), so for people
+/// only the exit code remains; `--json` ends with the error object as the result document.
+pub(crate) fn failure(e: &RunError, interrupted: bool, json: bool) -> Failure {
+    let code = if interrupted {
+        INTERRUPTED
+    } else if e.failure.step == StepKind::Preflight {
         PREFLIGHT
     } else {
         RUNTIME
     };
-    Failure {
-        code,
-        message: e.to_string(),
-        remedy: e.failure.remedy.clone(),
+    if json {
+        return Failure::msg(code, e.to_string(), e.failure.remedy.clone());
+    }
+    if interrupted {
+        render::note("interrupted (Ctrl-C): stopped cleanly; rerun the command to resume");
+    }
+    Failure::reported(code)
+}
+
+/// Runs `work`, cancelling `ctx` on Ctrl-C (steps stop at their next cancellation point and a
+/// launched pair is stopped by the runner); also says whether Ctrl-C came.
+pub(crate) async fn cancellable<T>(
+    ctx: &Arc<Context>,
+    work: impl std::future::Future<Output = T>,
+) -> (T, bool) {
+    let flag = Arc::new(AtomicBool::new(false));
+    let (c2, f2) = (Arc::clone(ctx), Arc::clone(&flag));
+    let watcher = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            f2.store(true, Ordering::SeqCst);
+            c2.cancel();
+        }
+    });
+    let out = work.await;
+    watcher.abort();
+    (out, flag.load(Ordering::SeqCst))
+}
+
+/// Refuses, before anything runs, a `SPARK_DEPLOY_API_KEY` that differs from the deployment's key
+/// file (the launch would refuse it only after deciding what to stop).
+pub(crate) fn key_agrees(config: &ValidatedConfig) -> Result<(), Failure> {
+    use spark_deploy_core::lifecycle::api_key::{ApiKeyError, client_key};
+    match client_key(&config.config().serving) {
+        Err(e @ ApiKeyError::Mismatch { .. }) => Err(Failure::new(CONFIG, &e, None)),
+        _ => Ok(()),
     }
 }
 
@@ -29,32 +67,33 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
     let config = global.load()?;
     render::warnings(config.warnings());
     let plan = Plan::for_verb(&config, which);
+    if matches!(which, Which::Up | Which::Restart) {
+        key_agrees(&config)?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::new(RUNTIME, &e, None))?;
     let ctx = Arc::new(Context::new(
         config,
-        Arc::new(TerminalSink::new(global.json)),
+        Arc::new(TerminalSink::new(global.json, global.verbosity)),
     ));
-    let result = rt.block_on(async {
-        let c2 = Arc::clone(&ctx);
-        // Ctrl-C cancels at the next cancellation point; a launched pair is stopped by the runner.
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                c2.cancel();
-            }
-        });
-        plan.run(&ctx).await
-    });
+    let (result, interrupted) = rt.block_on(cancellable(&ctx, plan.run(&ctx)));
     match result {
         Ok(report) => {
+            let hint = matches!(which, Which::Up | Which::Restart)
+                .then(|| ApiHint::new(ctx.config(), global.config_arg().as_deref()));
             if global.json {
                 let mut out = serde_json::json!({ "report": report });
                 if let Some(p) = ctx.preflight_report() {
                     out["preflight"] = serde_json::json!(p);
                 }
+                if let Some(h) = &hint {
+                    out["api"] = serde_json::json!(h);
+                }
                 render::out(&out.to_string());
+            } else if let Some(h) = &hint {
+                render::out(&h.text());
             }
             Ok(())
         }
@@ -66,7 +105,7 @@ pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
             {
                 render::out(&serde_json::json!({ "preflight": p }).to_string());
             }
-            Err(failure(&e))
+            Err(failure(&e, interrupted, global.json))
         }
     }
 }

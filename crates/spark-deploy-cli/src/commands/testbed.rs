@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Subcommand;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
 use spark_deploy_testbed::deployment::deployment_config;
+use spark_deploy_testbed::reuse::{self, Origin};
 
 use super::Global;
 use crate::exit::{Failure, RUNTIME};
@@ -37,7 +38,7 @@ pub(crate) fn run(global: &Global, cmd: &TestbedCommand) -> Result<(), Failure> 
     let rt = runtime()?;
     match cmd {
         TestbedCommand::Up { write_config } => {
-            let info = rt.block_on(cluster::up(&opts)).map_err(|e| {
+            let testbed = rt.block_on(reuse::up_or_reuse(&opts)).map_err(|e| {
                 Failure::new(
                     RUNTIME,
                     &e,
@@ -47,6 +48,8 @@ pub(crate) fn run(global: &Global, cmd: &TestbedCommand) -> Result<(), Failure> 
                     ),
                 )
             })?;
+            let reused = testbed.origin == Origin::Reused;
+            let info = testbed.info;
             let config = deployment_config(&info);
             let text = format!(
                 "# Deployment config for the spark-deploy testbed (written by `spark-deploy testbed up`).\n{}",
@@ -55,19 +58,35 @@ pub(crate) fn run(global: &Global, cmd: &TestbedCommand) -> Result<(), Failure> 
             let path = write_config
                 .clone()
                 .unwrap_or_else(|| info.state_dir.join("spark-deploy.toml"));
-            std::fs::write(&path, text).map_err(|e| Failure::new(RUNTIME, &e, None))?;
+            // A reused testbed's config may be a running deployment's (`demo` writes its own
+            // there): kept unless another file is asked for.
+            let keep = reused && write_config.is_none() && path.exists();
+            if !keep {
+                let tmp = path.with_extension("toml.partial");
+                std::fs::write(&tmp, text)
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                    .map_err(|e| Failure::new(RUNTIME, &e, None))?;
+            }
             if global.json {
-                render::out(&serde_json::json!({ "testbed": info, "config": path }).to_string());
+                render::out(
+                    &serde_json::json!({ "testbed": info, "config": path, "reused": reused })
+                        .to_string(),
+                );
             } else {
                 let w = info.worker();
+                let how = if reused {
+                    "already up: reused as it is (nothing replaced)".to_owned()
+                } else {
+                    format!("up in {:.1} s", info.up_millis as f64 / 1000.0)
+                };
                 render::out(&format!(
-                    "testbed up in {:.1} s: worker {} at {} (fabric {}), ssh {}\nconfig: {}\nnext: spark-deploy --config {} plan",
-                    info.up_millis as f64 / 1000.0,
+                    "testbed {how}: worker {} at {} (fabric {}), ssh {}\nconfig: {}{}\nnext: spark-deploy --config {} plan",
                     w.name,
                     w.container,
                     w.fabric_addr,
                     w.ssh_destination,
                     path.display(),
+                    if keep { " (kept)" } else { "" },
                     path.display()
                 ));
             }

@@ -14,7 +14,9 @@ pub mod validate;
 
 use std::path::{Path, PathBuf};
 
-pub use schema::{DeploymentConfig, EngineProfileName, NodeConfig, PreparePolicy, WorkerStorage};
+pub use schema::{
+    ApiAuth, DeploymentConfig, EngineProfileName, NodeConfig, PreparePolicy, WorkerStorage,
+};
 pub use validate::{ConfigWarning, FieldProblem, ValidatedConfig, validate};
 
 /// Errors of loading, overriding and validating a configuration.

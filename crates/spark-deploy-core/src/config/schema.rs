@@ -112,6 +112,16 @@ pub enum WorkerStorage {
     Copy,
 }
 
+/// Whether the API asks for a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApiAuth {
+    /// No key: anyone who reaches the port may call the API.
+    None,
+    /// Every request carries the key of `serving.api_key_file` as a bearer token.
+    Key,
+}
+
 /// `[model]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -219,6 +229,8 @@ pub struct ServingSection {
     pub top_p: f64,
     /// Top-k sampling default.
     pub top_k: u32,
+    /// Whether the API asks for a key: `key` (rank 0 gets the key file) or `none` (open API).
+    pub auth: ApiAuth,
     /// API key file on the head (mode 0600, generated on first `up`); relative to `state_dir` when relative.
     pub api_key_file: String,
     /// API key from `SPARK_DEPLOY_API_KEY`, never from the file.
@@ -239,6 +251,7 @@ impl Default for ServingSection {
             temperature: 1.0,
             top_p: 0.95,
             top_k: 20,
+            auth: ApiAuth::Key,
             api_key_file: "api-key".into(),
             api_key: None,
         }

@@ -275,12 +275,21 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
         c.refuse("serving.top_p", s.top_p, "(0.0, 1.0]");
     }
-    if s.host.parse::<std::net::IpAddr>().is_err() {
-        c.refuse(
+    match s.host.parse::<std::net::IpAddr>() {
+        Err(_) => c.refuse(
             "serving.host",
             format!("{:?}", s.host),
             "an IP address to bind, e.g. 0.0.0.0",
-        );
+        ),
+        Ok(ip) if s.auth == super::ApiAuth::None && !ip.is_loopback() => c.warn(
+            "serving.auth",
+            format!(
+                "\"none\" with host {ip}: anyone who reaches port {} may call the API without a key; \
+                 set serving.auth = \"key\", or bind serving.host = \"127.0.0.1\"",
+                s.port
+            ),
+        ),
+        Ok(_) => {}
     }
     if s.api_key_file.is_empty() {
         c.refuse(

@@ -1,8 +1,10 @@
-//! Lifecycle helpers shared by `up`, `down`, `restart` and `status`: saved-log names and rotation,
-//! the API key file, the record of the last launch.
+//! Lifecycle helpers shared by `up`, `down`, `restart`, `status` and `logs`: saved-log names and
+//! rotation, reading the running ranks' logs, the API key file, the record of the last launch.
 
 pub mod api_key;
 pub mod launch_record;
 pub mod lock;
+pub mod log_stream;
+pub mod log_time;
 pub mod logs;
 pub mod status;

@@ -78,7 +78,7 @@ pub async fn status(ctx: &Context) -> Status {
             mem_available_gib,
         });
     }
-    let served = match super::api_key::read(Path::new(&c.serving.api_key_file)) {
+    let served = match super::api_key::client_key(&c.serving) {
         Err(e) => Err(e.to_string()),
         Ok(key) => {
             let host = if c.serving.host == "0.0.0.0" {
@@ -87,9 +87,7 @@ pub async fn status(ctx: &Context) -> Status {
                 c.serving.host.as_str()
             };
             let url = format!("http://{host}:{}/v1/models", c.serving.port);
-            match reqwest::Client::new()
-                .get(&url)
-                .bearer_auth(key.expose())
+            match super::api_key::authorize(reqwest::Client::new().get(&url), key.as_ref())
                 .timeout(std::time::Duration::from_secs(5))
                 .send()
                 .await

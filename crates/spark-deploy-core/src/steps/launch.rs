@@ -193,11 +193,7 @@ impl LaunchRank {
             super::ranks::stop_deployment(ctx).await;
         }
         let c = ctx.config().config();
-        crate::lifecycle::api_key::ensure(
-            std::path::Path::new(&c.serving.api_key_file),
-            c.serving.api_key.as_ref(),
-        )
-        .map_err(|e| fail(e.into()))?;
+        crate::lifecycle::api_key::for_launch(&c.serving).map_err(|e| fail(e.into()))?;
         for s in &mut specs {
             s.labels
                 .insert(labels::FINGERPRINT.to_owned(), fingerprint.clone());

@@ -118,9 +118,8 @@ impl Smoke {
             StepFailure::new(StepKind::Smoke, e, Some(remedy.into())).at(node, rank)
         };
         let c = ctx.config().config();
-        let key = crate::lifecycle::api_key::read(std::path::Path::new(&c.serving.api_key_file))
-            .map_err(|e| fail(e.into()))?;
-        let api = self.endpoint(Some(key));
+        let key = crate::lifecycle::api_key::client_key(&c.serving).map_err(|e| fail(e.into()))?;
+        let api = self.endpoint(key);
         if ctx.already_running()
             && matches!(engine.probe_ready(ctx, &api).await, Ok(Readiness::Ready))
         {

@@ -3,9 +3,12 @@
 //! onto the worker's disk directory (the testbed's physical limit: the same disk).
 //!
 //! `cargo run --release -p spark-deploy-testbed --bin bench-storage` (the large test-scale
-//! checkpoint's model files, 2.49 GiB). Ours ships them as the step does, from HF-cache blobs
-//! named by their sha256; rsync and cp copy the same bytes from the plain files. Needs root,
-//! Docker and `rsync`.
+//! checkpoint's model files, 2.49 GiB; `BENCH_CHECKPOINT=small` for a quick run). Ours ships them
+//! as the step does, from HF-cache blobs named by their sha256; rsync and cp copy the same bytes
+//! from the plain files. Needs root, Docker and `rsync`.
+//!
+//! A testbed that is already up (a `spark-deploy demo` deployment, say) is reused and left up,
+//! with only the benchmark's own files removed; a testbed the benchmark brought up, it takes down.
 #![allow(clippy::print_stdout)]
 
 use std::net::SocketAddr;
@@ -17,6 +20,7 @@ use spark_deploy_core::ports::exec::Exec;
 use spark_deploy_core::transfer::{expand, pull, server::FileServer};
 use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
+use spark_deploy_testbed::reuse::{self, Origin};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -36,16 +40,43 @@ async fn main() -> R<()> {
         install_tools: true,
         ..TestbedOptions::default()
     };
-    let info = cluster::up(&opts).await?;
-    let result = bench(&info).await;
-    cluster::down(&opts).await?;
+    let testbed = reuse::up_or_reuse(&opts).await?;
+    if testbed.origin == Origin::Reused {
+        println!(
+            "reusing the testbed that is up ({}): it stays up, only the benchmark's files go",
+            opts.state_dir.display()
+        );
+    }
+    let result = bench(&testbed.info).await;
+    remove_bench_files(&testbed.info);
+    if testbed.origin == Origin::Created {
+        cluster::down(&opts).await?;
+    }
     result
+}
+
+/// Everything the benchmark writes, on the head and on the worker's disk.
+fn remove_bench_files(info: &cluster::TestbedInfo) {
+    let w = info.worker();
+    let dirs = ["bench-src", "bench-blobs", "bench-39"]
+        .map(|d| info.state_dir.join(d))
+        .into_iter()
+        .chain(["bench-ours", "bench-rsync", "bench-cp", "bench-39"].map(|d| w.disk_dir.join(d)));
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let _ = std::fs::remove_file(info.state_dir.join("hashes.tsv"));
 }
 
 async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     let w = info.worker();
     let src = info.state_dir.join("bench-src");
-    let g = generate(&CheckpointSpec::large(3), &src)?;
+    let spec = if std::env::var("BENCH_CHECKPOINT").as_deref() == Ok("small") {
+        CheckpointSpec::small(3)
+    } else {
+        CheckpointSpec::large(3)
+    };
+    let g = generate(&spec, &src)?;
     let data = g.model_dir.clone();
     let bytes = dir_bytes(&data);
     println!(
@@ -210,8 +241,5 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         again39.bytes_sent,
         t.elapsed().as_secs_f64()
     );
-    for d in [&dest, &rdest, &cdest, &src, &many, &mdest, &blobs] {
-        let _ = std::fs::remove_dir_all(d);
-    }
     Ok(())
 }

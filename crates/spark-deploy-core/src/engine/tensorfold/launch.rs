@@ -94,7 +94,7 @@ fn base_spec(
     env: BTreeMap<String, String>,
 ) -> ContainerSpec {
     let c = config.config();
-    let node = &c.nodes[rank as usize];
+    let node = &c.nodes[rank];
     let layout = NodeLayout::of(config, node);
     let mut mounts = vec![
         Mount {
@@ -123,7 +123,7 @@ fn base_spec(
             volume: false,
         },
     ];
-    if rank == 0 {
+    if rank == 0 && c.serving.auth == crate::config::ApiAuth::Key {
         mounts.push(Mount {
             source: c.serving.api_key_file.clone(),
             target: paths::API_KEY.into(),
@@ -230,7 +230,12 @@ fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> 
         ("--context", shared.pool.clone()),
         ("--parallel", s.parallel.to_string()),
     ];
-    for (k, v) in pairs {
+    // With `serving.auth = "none"` rank 0 gets no key file (and no mount of it).
+    let keyed = s.auth == crate::config::ApiAuth::Key;
+    for (k, v) in pairs
+        .into_iter()
+        .filter(|(k, _)| keyed || *k != "--api-key-file")
+    {
         argv.push(k.to_owned());
         argv.push(v);
     }
@@ -266,7 +271,7 @@ fn follower(
     rank: usize,
 ) -> ContainerSpec {
     let c = config.config();
-    let f = &facts.nodes[rank as usize];
+    let f = &facts.nodes[rank];
     let mut env = shared.common_env.clone();
     fabric_env(f, &mut env);
     let mut argv: Vec<String> = vec![

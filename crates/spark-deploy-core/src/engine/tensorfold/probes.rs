@@ -56,10 +56,7 @@ pub(crate) async fn ready(ctx: &Context, api: &ApiEndpoint) -> Result<Readiness,
         }
     }
     let url = format!("{}/v1/models", api.base_url);
-    let mut req = client().get(&url);
-    if let Some(key) = &api.key {
-        req = req.bearer_auth(key.expose());
-    }
+    let req = crate::lifecycle::api_key::authorize(client().get(&url), api.key.as_ref());
     Ok(match req.send().await {
         Ok(r) if r.status().is_success() => {
             let body = r.text().await.unwrap_or_default();
@@ -88,13 +85,10 @@ pub(crate) async fn generation(api: &ApiEndpoint) -> Result<String, ProbeError> 
         "temperature": 0,
         "chat_template_kwargs": {"enable_thinking": false},
     });
-    let mut req = client()
+    let req = client()
         .post(format!("{}/v1/chat/completions", api.base_url))
         .json(&body);
-    if let Some(key) = &api.key {
-        req = req.bearer_auth(key.expose());
-    }
-    let r = req
+    let r = crate::lifecycle::api_key::authorize(req, api.key.as_ref())
         .send()
         .await
         .map_err(|e| ProbeError::Generation(e.to_string()))?;

@@ -1,0 +1,477 @@
+//! The command line against a running testbed deployment (`spark-deploy demo`): `status`, `logs`,
+//! Ctrl-C, progress output, the API hints. Every test brings the demo up and takes both the
+//! deployment and the testbed down whatever happens; run them under the testbed lock.
+
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The config `demo` writes.
+const CONFIG: &str = "/var/tmp/spark-deploy-testbed/spark-deploy.toml";
+
+fn sd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_spark-deploy"));
+    c.args(args).env_remove("SPARK_DEPLOY_API_KEY");
+    c
+}
+
+fn with_config(args: &[&str]) -> Command {
+    let mut c = sd(&["--config", CONFIG]);
+    c.args(args);
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The demo deployment; dropping it stops the ranks and removes the testbed.
+struct Demo {
+    /// What `demo` printed.
+    out: Output,
+}
+
+impl Demo {
+    fn up() -> Self {
+        Self::up_with(&[])
+    }
+
+    fn up_with(env: &[(&str, &str)]) -> Self {
+        let mut c = sd(&["demo"]);
+        c.envs(env.iter().copied());
+        let out = c.output().unwrap();
+        let demo = Self { out };
+        assert!(
+            demo.out.status.success(),
+            "demo failed:\n{}\n{}",
+            text(&demo.out.stdout),
+            text(&demo.out.stderr)
+        );
+        demo
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        let _ = with_config(&["down"]).output();
+        let _ = sd(&["testbed", "down"]).output();
+    }
+}
+
+/// Reads a child's stdout lines on a thread.
+fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line satisfying `f`, collecting every line seen.
+fn wait_for(rx: &mpsc::Receiver<String>, seen: &mut Vec<String>, f: impl Fn(&str) -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            let hit = f(&l);
+            seen.push(l);
+            if hit {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+fn sigint(child: &Child) {
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -INT");
+}
+
+#[test]
+fn testbed_logs_follow_both_ranks_and_status_exit_codes() {
+    let _demo = Demo::up();
+
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(
+        s.status.code(),
+        Some(0),
+        "{}{}",
+        text(&s.stdout),
+        text(&s.stderr)
+    );
+    assert!(text(&s.stdout).contains(": running"), "{}", text(&s.stdout));
+
+    // Both ranks, interleaved by time, each line prefixed with its rank.
+    let l = with_config(&["logs"]).output().unwrap();
+    assert!(l.status.success(), "{}", text(&l.stderr));
+    let lines: Vec<String> = text(&l.stdout).lines().map(str::to_owned).collect();
+    assert!(
+        lines.iter().any(|x| x.starts_with("[rank 0] ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|x| x.starts_with("[rank 1] ")),
+        "{lines:?}"
+    );
+    let stamps: Vec<&str> = lines
+        .iter()
+        .map(|x| x.split_whitespace().nth(2).unwrap_or(""))
+        .collect();
+    let keys: Vec<_> = stamps
+        .iter()
+        .map(|t| spark_deploy_core::lifecycle::log_time::parse_rfc3339(t).unwrap())
+        .collect();
+    assert!(
+        keys.windows(2).all(|w| w[0] <= w[1]),
+        "ordered by time: {stamps:?}"
+    );
+
+    // One rank: no prefix, only its lines (the stand-in's JSON lines name their rank).
+    let l1 = with_config(&["logs", "--rank", "1"]).output().unwrap();
+    assert!(l1.status.success(), "{}", text(&l1.stderr));
+    let t1 = text(&l1.stdout);
+    assert!(
+        t1.contains("\"rank\": 1") && !t1.contains("\"rank\": 0") && !t1.contains("[rank"),
+        "{t1}"
+    );
+
+    // --since in the future of every line shows none of them.
+    let none = with_config(&["logs", "--since", "0s"]).output().unwrap();
+    assert!(none.status.success(), "{}", text(&none.stderr));
+    assert!(
+        !text(&none.stdout).contains("\"rank\""),
+        "{}",
+        text(&none.stdout)
+    );
+
+    // -f prints the backlog and keeps following; Ctrl-C exits 130.
+    let follow = || {
+        with_config(&["logs", "-f"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut f = follow();
+    let rx = lines_of(&mut f);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&rx, &mut seen, |l| l.starts_with("[rank 1] ")),
+        "backlog: {seen:?}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(f.try_wait().unwrap().is_none(), "still following");
+    sigint(&f);
+    assert_eq!(f.wait().unwrap().code(), Some(130), "Ctrl-C exits 130");
+
+    // Lines written after the follow began arrive (the ranks' last words as `down` stops them),
+    // each once, and the follow ends by itself when the ranks are gone.
+    let mut f = follow();
+    let rx = lines_of(&mut f);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&rx, &mut seen, |l| l.starts_with("[rank 1] ")),
+        "backlog: {seen:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let d = with_config(&["down"]).output().unwrap();
+    assert!(d.status.success(), "{}", text(&d.stderr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = f.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "logs -f must end when the ranks stop"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status.code(), Some(0));
+    seen.extend(rx.try_iter());
+    let new: Vec<&String> = seen.iter().filter(|l| !lines.contains(l)).collect();
+    assert!(
+        !new.is_empty(),
+        "no line written after the follow began arrived: {seen:?}"
+    );
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), seen.len(), "every line once: {seen:?}");
+
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(
+        s.status.code(),
+        Some(1),
+        "{}{}",
+        text(&s.stdout),
+        text(&s.stderr)
+    );
+    assert!(text(&s.stdout).contains(": down"), "{}", text(&s.stdout));
+}
+
+/// A Python with the `openai` package: `$SPARK_DEPLOY_TEST_PYTHON`, the active virtualenv, the
+/// repository's `.venv` (what `.ci/run` creates), else `python3`.
+fn python() -> String {
+    let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let candidates = [
+        std::env::var("SPARK_DEPLOY_TEST_PYTHON").ok(),
+        std::env::var("VIRTUAL_ENV")
+            .ok()
+            .map(|v| format!("{v}/bin/python")),
+        Some(format!("{repo}/.venv/bin/python")),
+        Some("python3".to_owned()),
+    ];
+    for p in candidates.into_iter().flatten() {
+        if Command::new(&p)
+            .args(["-c", "import openai"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return p;
+        }
+    }
+    panic!("no Python with the openai package: set SPARK_DEPLOY_TEST_PYTHON");
+}
+
+/// The three snippet lines `up` printed.
+fn snippet(stdout: &str) -> String {
+    let lines: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Python (openai package)"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .map(str::trim)
+        .collect();
+    assert_eq!(lines.len(), 3, "three lines of Python: {stdout}");
+    lines.join("\n")
+}
+
+fn run_python(code: &str, key: Option<&str>) -> Output {
+    let mut c = Command::new(python());
+    c.args(["-c", code]).env_remove("OPENAI_API_KEY");
+    if let Some(k) = key {
+        c.env("OPENAI_API_KEY", k);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn testbed_up_prints_how_to_call_the_api_and_the_snippet_works() {
+    let demo = Demo::up();
+    let out = text(&demo.out.stdout);
+    assert!(out.contains("API (OpenAI-compatible): http://"), "{out}");
+    assert!(out.contains("(on the head: http://127.0.0.1:"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "`spark-deploy --config {CONFIG} api-key` prints it"
+        )),
+        "{out}"
+    );
+    let code = snippet(&out);
+
+    let key = with_config(&["api-key"]).output().unwrap();
+    assert!(key.status.success(), "{}", text(&key.stderr));
+    let key = text(&key.stdout).trim().to_owned();
+    let ok = run_python(&code, Some(&key));
+    assert!(
+        ok.status.success(),
+        "the printed snippet works: {}",
+        text(&ok.stderr)
+    );
+    assert!(!text(&ok.stdout).trim().is_empty(), "a reply is printed");
+    let denied = run_python(&code, Some("sk-wrong"));
+    assert!(!denied.status.success(), "a wrong key is refused");
+    assert!(
+        text(&denied.stderr).contains("401"),
+        "{}",
+        text(&denied.stderr)
+    );
+
+    // serving.auth = "none": the ranks restart without a key and the printed snippet needs none.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg: toml::Table = std::fs::read_to_string(CONFIG).unwrap().parse().unwrap();
+    cfg.entry("serving")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .unwrap()
+        .insert("auth".into(), "none".into());
+    let open_config = dir.path().join("open.toml");
+    std::fs::write(&open_config, toml::to_string(&cfg).unwrap()).unwrap();
+    let open_path = open_config.display().to_string();
+    // `restart`: the launch fingerprint covers only what both ranks must agree on, so a rank-0
+    // setting alone does not make `up` restart the pair.
+    let up = sd(&["--config", &open_path, "restart"]).output().unwrap();
+    assert!(up.status.success(), "{}", text(&up.stderr));
+    let out = text(&up.stdout);
+    assert!(out.contains("Key: none"), "{out}");
+    let code = snippet(&out);
+    assert!(code.contains("api_key=\"none\""), "{code}");
+    let ok = run_python(&code, None);
+    assert!(ok.status.success(), "no key needed: {}", text(&ok.stderr));
+    let s = sd(&["--config", &open_path, "status"]).output().unwrap();
+    assert_eq!(s.status.code(), Some(0), "{}", text(&s.stdout));
+
+    // Half a pair: `status` is not serving; `logs` shows the rank that is left and names the other.
+    let rm = Command::new("docker")
+        .args(["rm", "-f", "sd-testbed-rank1"])
+        .output()
+        .unwrap();
+    assert!(rm.status.success(), "{}", text(&rm.stderr));
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(s.status.code(), Some(1), "{}", text(&s.stdout));
+    assert!(
+        text(&s.stdout).contains(": degraded"),
+        "{}",
+        text(&s.stdout)
+    );
+    let l = with_config(&["logs"]).output().unwrap();
+    assert!(l.status.success(), "{}", text(&l.stderr));
+    assert!(text(&l.stdout).contains("[rank 0] "), "{}", text(&l.stdout));
+    assert!(
+        text(&l.stderr).contains("rank 1 on worker-1: no container sd-testbed-rank1"),
+        "{}",
+        text(&l.stderr)
+    );
+}
+
+/// Reads a child's stderr lines on a thread.
+fn stderr_lines_of(child: &mut Child) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn testbed_progress_is_plain_lines_off_a_terminal_and_ctrl_c_exits_130() {
+    // Off a terminal (stderr is a pipe here): plain progress lines, at every event with a zero
+    // interval, each file with its own figures or the step's total; no bar redraws.
+    let demo = Demo::up_with(&[("SPARK_DEPLOY_PROGRESS_INTERVAL", "0")]);
+    let err = text(&demo.out.stderr);
+    assert!(
+        !err.contains('\r') && !err.contains('\u{1b}'),
+        "no carriage returns or escape codes off a terminal"
+    );
+    let progress: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("    [") && l.contains(" / ") && l.contains("%)"))
+        .collect();
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.starts_with("    [head] FetchCheckpoint total: ")),
+        "download total lines: {err}"
+    );
+    assert!(
+        progress
+            .iter()
+            .any(|l| l.starts_with("    [worker-1] ConfigureWorkerStorage total: ")),
+        "copy total lines: {err}"
+    );
+    assert!(!err.contains("-0.0 B/s"), "{err}");
+
+    // Ctrl-C while `up` waits for the pair: exit 130, both ranks stopped, said once.
+    let d = with_config(&["down"]).output().unwrap();
+    assert!(d.status.success(), "{}", text(&d.stderr));
+    let mut up = with_config(&["up"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = stderr_lines_of(&mut up);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&rx, &mut seen, |l| l.starts_with("==> Smoke")),
+        "up reached Smoke: {seen:?}"
+    );
+    let t = Instant::now();
+    sigint(&up);
+    let status = up.wait().unwrap();
+    seen.extend(rx.try_iter());
+    assert_eq!(status.code(), Some(130), "{seen:?}");
+    assert!(t.elapsed() < Duration::from_secs(30), "stopped promptly");
+    let all = seen.join("\n");
+    assert_eq!(all.matches("interrupted (Ctrl-C)").count(), 1, "{all}");
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(s.status.code(), Some(1), "{}", text(&s.stdout));
+}
+
+fn container_id(name: &str) -> String {
+    let o = Command::new("docker")
+        .args(["inspect", "-f", "{{.Id}} {{.State.Running}}", name])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "docker inspect {name}: {}",
+        text(&o.stderr)
+    );
+    text(&o.stdout).trim().to_owned()
+}
+
+#[test]
+fn testbed_demo_and_testbed_up_reuse_a_running_deployment() {
+    let _demo = Demo::up();
+    let ids = || {
+        [
+            container_id("sd-testbed-rank0"),
+            container_id("spark-deploy-testbed-worker-1"),
+        ]
+    };
+    let before = ids();
+    assert!(before.iter().all(|i| i.ends_with(" true")), "{before:?}");
+
+    // A second demo: the testbed is used as it is (the worker container is the same one). The
+    // demo re-imports its engine base image, a new image content, so `up` restarts the pair.
+    let again = sd(&["demo"]).output().unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let err = text(&again.stderr);
+    assert!(err.contains("reusing the testbed that is up"), "{err}");
+    assert!(!err.contains("bringing the testbed up"), "{err}");
+    let after = ids();
+    assert_eq!(after[1], before[1], "the testbed's worker was not replaced");
+    let before = after;
+    let config = std::fs::read_to_string(CONFIG).unwrap();
+
+    // `testbed up` over a running deployment: reused, its config kept.
+    let up = sd(&["testbed", "up"]).output().unwrap();
+    assert!(up.status.success(), "{}", text(&up.stderr));
+    let out = text(&up.stdout);
+    assert!(
+        out.contains("already up: reused as it is") && out.contains("(kept)"),
+        "{out}"
+    );
+    assert_eq!(ids(), before, "nothing was torn down or restarted");
+    assert_eq!(
+        std::fs::read_to_string(CONFIG).unwrap(),
+        config,
+        "the demo's config is kept"
+    );
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(
+        s.status.code(),
+        Some(0),
+        "still serving: {}",
+        text(&s.stdout)
+    );
+}
