@@ -66,6 +66,9 @@ enum Command {
         #[arg(long)]
         verify_only: bool,
     },
+    /// Export the validated plan: a Kubernetes LeaderWorkerSet, or compose files per node.
+    #[command(subcommand)]
+    Export(commands::export::ExportCommand),
     /// Build, verify or preview per-rank weight files (TFDSRK01) without a GPU.
     RankCache(commands::rank_cache::RankCacheArgs),
     /// Two Sparks on one machine: bring the testbed up or down.
@@ -115,6 +118,7 @@ fn main() -> ExitCode {
                 commands::run::Which::Fetch
             },
         ),
+        Command::Export(cmd) => commands::export::run(&global, &cmd),
         Command::RankCache(args) => commands::rank_cache::run(args)
             .map_err(|e| exit::Failure::new(exit::RUNTIME, e.as_ref(), None)),
         #[cfg(feature = "testbed")]
