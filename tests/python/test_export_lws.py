@@ -1,0 +1,198 @@
+"""`spark-deploy export lws|compose` read back by independent tools: PyYAML loads the files and
+jsonschema checks the LeaderWorkerSet against the CRD's facts written down below from the
+LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1). No Kubernetes API server runs here: this is
+what can be checked without one."""
+
+import pathlib
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import spark_deploy_binary
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+CONTENT = "c" * 64
+SECRET = "sk-export-test-not-in-any-manifest"
+FACTS = [
+    "--model-commit", COMMIT,
+    "--fabric-addr", "head=192.168.100.1", "--fabric-addr", "worker-1=192.168.100.2",
+    "--netdev", "head=enp1s0f1np1", "--netdev", "worker-1=enp1s0f1np1",
+    "--rdma-devices", "head=rocep1s0f1", "--rdma-devices", "worker-1=rocep1s0f1",
+    "--gid-index", "head=3", "--gid-index", "worker-1=3",
+]
+
+# The LeaderWorkerSet CRD's facts (API leaderworkerset.x-k8s.io/v1): apiVersion and kind,
+# spec.leaderWorkerTemplate required and within it workerTemplate; size an integer, at least 1
+# (the leader); restartPolicy one of Default (deprecated), RecreateGroupOnPodRestart, None;
+# startupPolicy one of LeaderCreated, LeaderReady; replicas a non-negative integer. Pod templates
+# follow core/v1: containers required and non-empty, each container and volume named.
+# Unknown fields are refused here (a structural CRD would silently prune them).
+NAMED = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}}}
+POD_TEMPLATE = {
+    "type": "object",
+    "properties": {
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "required": ["containers"],
+            "properties": {
+                "containers": {"type": "array", "minItems": 1, "items": NAMED},
+                "initContainers": {"type": "array", "items": NAMED},
+                "volumes": {"type": "array", "items": NAMED},
+                "hostNetwork": {"type": "boolean"},
+            },
+        },
+    },
+}
+LWS_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "leaderworkerset.x-k8s.io/v1"},
+        "kind": {"const": "LeaderWorkerSet"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "required": ["leaderWorkerTemplate"],
+            "additionalProperties": False,
+            "properties": {
+                "replicas": {"type": "integer", "minimum": 0},
+                "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+                "rolloutStrategy": {"type": "object"},
+                "networkConfig": {"type": "object"},
+                "leaderWorkerTemplate": {
+                    "type": "object",
+                    "required": ["workerTemplate"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "size": {"type": "integer", "minimum": 1},
+                        "restartPolicy": {"enum": ["Default", "RecreateGroupOnPodRestart", "None"]},
+                        "leaderTemplate": POD_TEMPLATE,
+                        "workerTemplate": POD_TEMPLATE,
+                        "subGroupPolicy": {"type": "object"},
+                        "volumeClaimTemplates": {"type": "array"},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def cli() -> pathlib.Path:
+    return spark_deploy_binary()
+
+
+@pytest.fixture()
+def config(tmp_path: pathlib.Path) -> pathlib.Path:
+    key = tmp_path / "api-key"
+    key.write_text(SECRET)
+    key.chmod(0o600)
+    f = tmp_path / "spark-deploy.toml"
+    f.write_text(f'[deployment]\nstate_dir = "{tmp_path / "state"}"\n[serving]\napi_key_file = "{key}"\n')
+    return f
+
+
+def export(cli, config, *args, check=True):
+    return subprocess.run(
+        [str(cli), "--config", str(config), "export", *args],
+        capture_output=True, text=True, check=check,
+    )
+
+
+def lws_document(cli, config, tmp_path) -> tuple[str, dict]:
+    out = tmp_path / "lws.yaml"
+    export(cli, config, "lws", "--image-content", CONTENT, "--out", str(out), *FACTS)
+    text = out.read_text()
+    return text, yaml.safe_load(text)
+
+
+def test_the_lws_matches_the_crd_schema_and_yaml_1_1(cli, config, tmp_path):
+    text, doc = lws_document(cli, config, tmp_path)
+    jsonschema.validate(doc, LWS_SCHEMA)
+    spec = doc["spec"]
+    t = spec["leaderWorkerTemplate"]
+    assert (t["size"], t["restartPolicy"], spec["startupPolicy"]) == (2, "RecreateGroupOnPodRestart", "LeaderCreated")
+    # The schema refuses what the types refuse.
+    for path, bad in [(("size",), 0), (("restartPolicy",), "Always"), (("startupPolicy",), "LeaderLater")]:
+        broken = yaml.safe_load(text)
+        target = broken["spec"] if path[0] == "startupPolicy" else broken["spec"]["leaderWorkerTemplate"]
+        target[path[0]] = bad
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, LWS_SCHEMA)
+    assert "LeaderReady would deadlock" in text
+
+
+def test_the_pods_carry_what_the_ranks_need_and_no_secret(cli, config, tmp_path):
+    text, doc = lws_document(cli, config, tmp_path)
+    assert SECRET not in text
+    t = doc["spec"]["leaderWorkerTemplate"]
+    leader, worker = t["leaderTemplate"], t["workerTemplate"]
+    for pod in (leader, worker):
+        s = pod["spec"]
+        assert s["hostNetwork"] is True and s["hostIPC"] is True
+        c = s["containers"][0]
+        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+        assert c["resources"]["requests"]["memory"].endswith("Mi")
+        assert pod["metadata"]["annotations"]["spark-deploy.io/image-content"] == CONTENT
+        init = s["initContainers"][0]["command"]
+        assert init[1:3] == ["rank-cache", "verify"]
+        assert all(v.get("hostPath") or v.get("nfs") or v.get("secret") for v in s["volumes"])
+    wc = worker["spec"]["containers"][0]
+    assert "$(LWS_WORKER_INDEX)" in wc["command"]
+    assert "readinessProbe" not in wc and "livenessProbe" not in wc
+    probe = " ".join(leader["spec"]["containers"][0]["readinessProbe"]["exec"]["command"])
+    assert "/v1/chat/completions" in probe and "/health" not in probe
+    key_volume = next(v for v in leader["spec"]["volumes"] if "secret" in v)
+    assert key_volume["secret"]["secretName"] == "dsv41-api-key"
+    env = {e["name"]: e["value"] for e in leader["spec"]["containers"][0]["env"]}
+    assert env["TF_TP_MASTER"] == "192.168.100.1" and env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
+
+
+def test_unknown_facts_refuse_naming_node_and_flag(cli, config):
+    r = export(cli, config, "lws", "--image-content", CONTENT, check=False)
+    assert r.returncode == 5, r.stderr
+    assert "worker-1: its fabric IPv4 address" in r.stderr
+    assert "--fabric-addr worker-1=<IPv4>" in r.stderr
+    r = export(cli, config, "lws", "--fabric-addr", "spark-9=1.2.3.4", check=False)
+    assert r.returncode == 2 and "spark-9" in r.stderr
+
+
+def test_compose_files_per_node_are_plain_yaml_and_not_group_safe(cli, config, tmp_path):
+    out = tmp_path / "compose"
+    out.mkdir()
+    export(cli, config, "compose", "--out", str(out), *FACTS)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["head.compose.yaml", "worker-1.compose.yaml"]
+    for name, rank in [("head.compose.yaml", 0), ("worker-1.compose.yaml", 1)]:
+        text = (out / name).read_text()
+        assert text.startswith("# NOT GROUP-SAFE.")
+        svc = yaml.safe_load(text)["services"][f"rank{rank}"]
+        assert svc["restart"] == "no"  # a string, also for YAML 1.1 readers
+        assert svc["network_mode"] == "host" and svc["entrypoint"] == []
+        assert svc["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
+
+
+def test_python_export_lws_is_the_cli_export(cli, config, tmp_path):
+    import spark_deploy
+
+    text, _ = lws_document(cli, config, tmp_path)
+    cfg = spark_deploy.Config.load(str(config), env={})
+    nodes = ["head", "worker-1"]
+    py = spark_deploy.Plan.standard(cfg).export_lws(
+        image_content=CONTENT,
+        model_commit=COMMIT,
+        fabric_addr={"head": "192.168.100.1", "worker-1": "192.168.100.2"},
+        netdev={n: "enp1s0f1np1" for n in nodes},
+        rdma_devices={n: "rocep1s0f1" for n in nodes},
+        gid_index={n: "3" for n in nodes},
+    )
+    assert py == text
+    with pytest.raises(ValueError, match="spark-9"):
+        spark_deploy.Plan.standard(cfg).export_lws(image_content=CONTENT, netdev={"spark-9": "eth0"})
+    with pytest.raises(spark_deploy.SparkDeployError, match="fabric IPv4"):
+        spark_deploy.Plan.standard(cfg).export_lws(image_content=CONTENT)
