@@ -3,6 +3,7 @@ jsonschema checks the LeaderWorkerSet against the CRD's facts written down below
 LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1). No Kubernetes API server runs here: this is
 what can be checked without one."""
 
+import os
 import pathlib
 import subprocess
 
@@ -97,9 +98,11 @@ def config(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def export(cli, config, *args, check=True):
+    # No environment overrides (PORT, WORKER, ...): the file alone, as Config.load(env={}) reads it.
+    env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
     return subprocess.run(
         [str(cli), "--config", str(config), "export", *args],
-        capture_output=True, text=True, check=check,
+        capture_output=True, text=True, check=check, env=env,
     )
 
 
@@ -175,6 +178,14 @@ def test_compose_files_per_node_are_plain_yaml_and_not_group_safe(cli, config, t
         assert svc["restart"] == "no"  # a string, also for YAML 1.1 readers
         assert svc["network_mode"] == "host" and svc["entrypoint"] == []
         assert svc["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
+    # Without --out: both files on standard output, one YAML document each.
+    docs = list(yaml.safe_load_all(export(cli, config, "compose", *FACTS).stdout))
+    assert [sorted(d["services"]) for d in docs] == [["rank1"], ["rank0"]]
+
+
+def test_lws_on_standard_output_is_the_file(cli, config, tmp_path):
+    text, _ = lws_document(cli, config, tmp_path)
+    assert export(cli, config, "lws", "--image-content", CONTENT, *FACTS).stdout == text
 
 
 def test_python_export_lws_is_the_cli_export(cli, config, tmp_path):
