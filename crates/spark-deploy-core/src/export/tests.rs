@@ -205,7 +205,8 @@ fn leader_and_worker_run_the_exact_rank_containers() {
         .unwrap()
         .join(" ");
     assert!(script.contains("/v1/chat/completions") && script.contains("\"max_tokens\":1"));
-    assert!(!script.contains("/health") && script.contains("$(cat '/run/spark-deploy/api-key')"));
+    let health = engine.serving_signals().health_path;
+    assert!(!script.contains(health) && script.contains("$(cat '/run/spark-deploy/api-key')"));
     assert!(engine_container(worker).readiness_probe.is_none());
     assert!(engine_container(worker).liveness_probe.is_none());
     let secret = pod(leader)

@@ -1,5 +1,6 @@
-//! Typed values to YAML, and the comments that explain an export's choices: a header and a
-//! comment above the first line that starts (after its indentation) with each anchor.
+//! Typed values to YAML (`serde_norway`, the maintained fork of the archived `serde_yaml`), and
+//! the comments that explain an export's choices: a header, and a comment above the first line
+//! that starts (after its indentation) with each anchor.
 
 use serde::Serialize;
 
