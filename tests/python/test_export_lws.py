@@ -3,8 +3,10 @@ jsonschema checks the LeaderWorkerSet against the CRD's facts written down below
 LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1). No Kubernetes API server runs here: this is
 what can be checked without one."""
 
+import json
 import os
 import pathlib
+import shutil
 import subprocess
 
 import jsonschema
@@ -156,6 +158,32 @@ def test_the_pods_carry_what_the_ranks_need_and_no_secret(cli, config, tmp_path)
     assert env["TF_TP_MASTER"] == "192.168.100.1" and env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
 
 
+def test_facts_come_from_the_last_launch_and_flags_win(cli, config, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+
+    def node(name: str, addr: str) -> dict:
+        return {
+            "node": name, "fabric_addr": addr, "netdev": "enp1s0f1np1", "rdma_devices": "rocep1s0f1",
+            "gid_index": "3", "infiniband_device": "/dev/infiniband", "gpu": True,
+        }
+
+    record = {
+        "config_sha256": "0" * 64, "fingerprint": "f" * 64, "model_commit": COMMIT,
+        "nodes": [node("head", "192.168.100.1"), node("worker-1", "192.168.100.2")],
+        "ranks": [], "at_unix": 1796000000,
+    }
+    (state / "launched.json").write_text(json.dumps(record))
+    doc = yaml.safe_load(export(cli, config, "lws", "--image-content", CONTENT).stdout)
+    t = doc["spec"]["leaderWorkerTemplate"]
+    env = {e["name"]: e["value"] for e in t["leaderTemplate"]["spec"]["containers"][0]["env"]}
+    assert env["TF_TP_MASTER"] == "192.168.100.1" and env["NCCL_IB_HCA"] == "rocep1s0f1"
+    assert COMMIT in " ".join(t["workerTemplate"]["spec"]["containers"][0]["command"])
+    doc = yaml.safe_load(export(cli, config, "lws", "--image-content", CONTENT, "--fabric-addr", "head=198.18.0.9").stdout)
+    env = {e["name"]: e["value"] for e in doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["env"]}
+    assert env["TF_TP_MASTER"] == "198.18.0.9"
+
+
 def test_unknown_facts_refuse_naming_node_and_flag(cli, config):
     r = export(cli, config, "lws", "--image-content", CONTENT, check=False)
     assert r.returncode == 5, r.stderr
@@ -181,6 +209,22 @@ def test_compose_files_per_node_are_plain_yaml_and_not_group_safe(cli, config, t
     # Without --out: both files on standard output, one YAML document each.
     docs = list(yaml.safe_load_all(export(cli, config, "compose", *FACTS).stdout))
     assert [sorted(d["services"]) for d in docs] == [["rank1"], ["rank0"]]
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose is not installed")
+def test_docker_compose_accepts_the_files_and_reads_the_exact_argv(cli, config, tmp_path):
+    out = tmp_path / "compose"
+    out.mkdir()
+    export(cli, config, "compose", "--out", str(out), *FACTS)
+    for name in ("head.compose.yaml", "worker-1.compose.yaml"):
+        mine = yaml.safe_load((out / name).read_text())
+        r = subprocess.run(["docker-compose", "-f", str(out / name), "config"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        seen = yaml.safe_load(r.stdout)["services"]
+        for svc, want in mine["services"].items():
+            assert seen[svc]["command"] == want["command"]
+            assert seen[svc]["environment"] == want["environment"]
+            assert seen[svc]["network_mode"] == "host"
 
 
 def test_lws_on_standard_output_is_the_file(cli, config, tmp_path):

@@ -16,8 +16,6 @@ use crate::facts::DeploymentFacts;
 /// A compose file.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Compose {
-    /// Project name (`<deployment>-<node>`).
-    pub name: String,
     /// The rank's service.
     pub services: BTreeMap<String, Service>,
     /// Named volumes the service uses (created by spark-deploy, so external).
@@ -157,7 +155,7 @@ fn lit(s: &str) -> String {
 
 /// The compose file of one rank's container.
 #[must_use]
-pub fn compose_of(deployment: &str, spec: &ContainerSpec) -> Compose {
+pub fn compose_of(spec: &ContainerSpec) -> Compose {
     let mut volumes = BTreeMap::new();
     let mounts = spec
         .mounts
@@ -228,7 +226,6 @@ pub fn compose_of(deployment: &str, spec: &ContainerSpec) -> Compose {
         }),
     };
     Compose {
-        name: format!("{deployment}-{}", spec.node),
         services: BTreeMap::from([(format!("rank{}", spec.rank), service)]),
         volumes,
     }
@@ -254,21 +251,25 @@ pub fn compose_files(
         .rank_containers(config, facts)
         .iter()
         .map(|spec| {
-            let text = yaml::to_string("compose file", &compose_of(&c.deployment.name, spec))?;
+            let file_name = format!("{}.compose.yaml", spec.node);
+            let text = yaml::to_string("compose file", &compose_of(spec))?;
             let header = format!(
                 "NOT GROUP-SAFE. Rank {rank} of {world} on {node}, exactly as spark-deploy \
                  starts it. Compose knows this node only: when any rank dies nothing stops the \
                  others, and a rank cannot rejoin a running group. Start the followers first and \
                  rank 0 last, stop rank 0 first, and restart all ranks together. \
                  `spark-deploy up` does all of that and checks the ranks' inputs and settings \
-                 match; use this file to read or reproduce one container by hand.",
+                 match; use this file to read or reproduce one container by hand:\n\
+                 $ docker compose -p {deployment}-{node} -f {file} up -d",
                 rank = spec.rank,
                 node = spec.node,
+                deployment = c.deployment.name,
+                file = file_name,
             );
             Ok(ComposeFile {
                 node: spec.node.clone(),
                 rank: spec.rank,
-                file_name: format!("{}.compose.yaml", spec.node),
+                file_name,
                 yaml: yaml::with_comments(&text, &header, &[]),
             })
         })
