@@ -251,3 +251,79 @@ def test_python_export_lws_is_the_cli_export(cli, config, tmp_path):
         spark_deploy.Plan.standard(cfg).export_lws(image_content=CONTENT, netdev={"spark-9": "eth0"})
     with pytest.raises(spark_deploy.SparkDeployError, match="fabric IPv4"):
         spark_deploy.Plan.standard(cfg).export_lws(image_content=CONTENT)
+
+
+def k8s_expand(s: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of container commands: `$(NAME)` when defined, `$$` -> `$`."""
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "$" and i + 1 < len(s):
+            if s[i + 1] == "$":
+                out.append("$")
+                i += 2
+                continue
+            if s[i + 1] == "(" and ")" in s[i + 2:]:
+                end = s.index(")", i + 2)
+                name = s[i + 2:end]
+                out.append(env.get(name, s[i:end + 1]))
+                i = end + 1
+                continue
+        out.append(s[i])
+        i += 1
+    return "".join(out)
+
+
+def host_command(pod: dict, container: dict, index: int, verifier: pathlib.Path) -> list[str]:
+    """The container's command as it would run on its node: the index substituted, every
+    container path under a hostPath mount mapped to the host path, the verifier the real binary."""
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v}
+    mounts = sorted(
+        ((m["mountPath"], host[m["name"]]) for m in container["volumeMounts"] if m["name"] in host),
+        key=lambda m: -len(m[0]),
+    )
+    out = []
+    for arg in container["command"]:
+        arg = k8s_expand(arg, {"LWS_WORKER_INDEX": str(index)})
+        for inside, outside in mounts:
+            if arg == inside or arg.startswith(inside + "/"):
+                arg = outside + arg[len(inside):]
+                break
+        out.append(arg)
+    assert out[0] == "/usr/local/bin/spark-deploy" or out[0].endswith("/spark-deploy"), out
+    return [str(verifier), *out[1:]]
+
+
+def test_the_init_container_verifies_real_staged_inputs(cli, tmp_path):
+    """The worker's init command, run on its node's files: a test-scale checkpoint in the HF cache
+    and rank 1's file built by spark-deploy. It passes for index 1 and refuses index 0, whose
+    file is not on this node (a worker on the wrong Spark never starts)."""
+    from conftest import generate_hub_tree
+
+    gen = tmp_path / "gen"
+    generate_hub_tree(gen)
+    snapshot = tmp_path / "hf" / "hub" / "models--testbed--dsv41-exl3" / "snapshots" / COMMIT
+    snapshot.parent.mkdir(parents=True)
+    shutil.copytree(gen / "testbed" / "dsv41-exl3", snapshot)
+    cfg = tmp_path / "spark-deploy.toml"
+    cfg.write_text(
+        f'[deployment]\nstate_dir = "{tmp_path / "state"}"\nworker_storage = "copy"\n'
+        f'[model]\nid = "testbed/dsv41-exl3"\nrevision = "{COMMIT}"\n'
+        f'[hub]\ncache = "{tmp_path / "hf"}"\n[engine]\nshape_guard = false\n'
+        f'[[nodes]]\nname = "head"\nssh = "local"\ndata_dir = "{tmp_path / "head"}"\n'
+        f'[[nodes]]\nname = "worker-1"\nssh = "u@spark-2"\ndata_dir = "{tmp_path / "worker"}"\n'
+    )
+    doc = yaml.safe_load(export(cli, cfg, "lws", "--image-content", CONTENT, *FACTS[2:]).stdout)
+    worker = doc["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    init = worker["spec"]["initContainers"][0]
+    assert "--test-scale" in init["command"]
+    cache = next(v["hostPath"]["path"] for v in worker["spec"]["volumes"] if v["name"] == "cache")
+    assert cache.startswith(str(tmp_path / "worker"))
+    subprocess.run(
+        [str(cli), "rank-cache", "build", str(snapshot), f"{cache}/rank-cache", "1", "2", "--test-scale"],
+        check=True, capture_output=True,
+    )
+    ok = subprocess.run(host_command(worker, init, 1, cli), capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "OK" in ok.stdout
+    wrong = subprocess.run(host_command(worker, init, 0, cli), capture_output=True, text=True)
+    assert wrong.returncode != 0 and "rank0of2" in wrong.stderr, wrong.stderr
