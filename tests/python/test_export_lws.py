@@ -3,11 +3,14 @@ jsonschema checks the LeaderWorkerSet against the CRD's facts written down below
 LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1). No Kubernetes API server runs here: this is
 what can be checked without one."""
 
+import http.server
 import json
 import os
 import pathlib
 import shutil
 import subprocess
+import sys
+import threading
 
 import jsonschema
 import pytest
@@ -327,3 +330,64 @@ def test_the_init_container_verifies_real_staged_inputs(cli, tmp_path):
     assert "OK" in ok.stdout
     wrong = subprocess.run(host_command(worker, init, 0, cli), capture_output=True, text=True)
     assert wrong.returncode != 0 and "rank0of2" in wrong.stderr, wrong.stderr
+
+
+def test_the_stack_limit_shell_execs_the_exact_argv(cli, config, tmp_path):
+    """The rank's command as the kubelet runs it: the shell raises the stack limit, then execs
+    the argv unchanged (here a Python that reports its argv and limit instead of the engine)."""
+    _, doc = lws_document(cli, config, tmp_path)
+    cmd = [k8s_expand(a, {}) for a in doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["command"]]
+    assert cmd[:2] == ["/bin/sh", "-c"]
+    engine_argv = cmd[3:]
+    report = "import json, resource, sys; print(json.dumps([sys.argv[1:], resource.getrlimit(resource.RLIMIT_STACK)[0]]))"
+    tricky = ["a b", "$HOME", "$(X)", "'q'", '"d"']
+    r = subprocess.run([*cmd[:3], sys.executable, "-c", report, *engine_argv, *tricky], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    argv, stack = json.loads(r.stdout)
+    assert argv == engine_argv + tricky
+    assert stack == 64 << 20
+
+
+class _Api(http.server.BaseHTTPRequestHandler):
+    seen: list = []
+    status = 200
+
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Api.seen.append((self.path, self.headers.get("Authorization"), body))
+        reply = json.dumps({"choices": [{"message": {"content": "OK"}}]}).encode()
+        self.send_response(_Api.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_readiness_probe_generates_one_token_with_the_key_from_its_file(cli, tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        key = tmp_path / "api-key"
+        key.write_text(SECRET)
+        cfg = tmp_path / "spark-deploy.toml"
+        cfg.write_text(f'[deployment]\nstate_dir = "{tmp_path}"\n[serving]\napi_key_file = "{key}"\nport = {server.server_port}\n')
+        _, doc = lws_document(cli, cfg, tmp_path)
+        leader = doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+        probe = leader["readinessProbe"]["exec"]["command"]
+        mount = next(m["mountPath"] for m in leader["volumeMounts"] if m.get("subPath") == "api-key")
+        assert SECRET not in " ".join(probe)
+        # The probe as the kubelet runs it, with the Secret's file at a path of this machine.
+        script = [*probe[:2], probe[2].replace(mount, str(key))]
+        assert subprocess.run(script, capture_output=True, timeout=60).returncode == 0
+        path, auth, body = _Api.seen[-1]
+        assert path == "/v1/chat/completions" and auth == f"Bearer {SECRET}"
+        assert body["max_tokens"] == 1 and body["model"] == "DeepSeek-V4.1-Flash-1017"
+        _Api.status = 503  # rank 0 up but the group not serving: not ready
+        assert subprocess.run(script, capture_output=True, timeout=60).returncode != 0
+    finally:
+        _Api.status = 200
+        server.shutdown()
