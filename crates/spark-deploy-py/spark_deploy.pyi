@@ -148,6 +148,22 @@ class Plan:
         step's StepError subclass, or KeyboardInterrupt after a clean cancel."""
     def run_async(self, on_event: Callable[[_Event], object] | None = None) -> Coroutine[Any, Any, Report]:
         """``run()`` for asyncio: events on the loop's thread; cancelling the task cancels the run."""
+    def export_lws(
+        self,
+        *,
+        image_content: str | None = None,
+        model_commit: str | None = None,
+        fabric_addr: dict[str, str] | None = None,
+        netdev: dict[str, str] | None = None,
+        rdma_devices: dict[str, str] | None = None,
+        gid_index: dict[str, str] | None = None,
+        verifier: str | None = None,
+        rdma_resource: str | None = None,
+    ) -> str:
+        """The plan as one Kubernetes LeaderWorkerSet (YAML text), as ``spark-deploy export lws``
+        writes it. Facts from the last launch; those given here (node -> value) win. Raises
+        ValueError for a bad fact, SparkDeployError for a fact still unknown or an unreadable
+        image label (``image_content=None`` reads it from the head's Docker)."""
     def _repr_html_(self) -> str: ...
 
 @final

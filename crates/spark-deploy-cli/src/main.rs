@@ -109,6 +109,9 @@ enum Command {
         #[arg(long, value_name = "REV")]
         revision: Option<String>,
     },
+    /// Export the validated plan: a Kubernetes LeaderWorkerSet, or compose files per node.
+    #[command(subcommand)]
+    Export(commands::export::ExportCommand),
     /// Build, verify or preview per-rank weight files (TFDSRK01) without a GPU.
     RankCache(commands::rank_cache::RankCacheArgs),
     /// Two Sparks on one machine: bring the testbed up or down.
@@ -192,6 +195,7 @@ fn main() -> ExitCode {
                 commands::run::Which::Fetch
             },
         ),
+        Command::Export(cmd) => commands::export::run(&global, &cmd),
         Command::RankCache(args) => commands::rank_cache::run(args, global.json)
             .map_err(|e| exit::Failure::new(exit::RUNTIME, e.as_ref(), None)),
         #[cfg(feature = "testbed")]

@@ -24,7 +24,8 @@
 //!    cancellation.
 //! 4. [`engine`] — the [`engine::Engine`] trait, its implementations and the registry.
 //! 5. [`steps`] — the typed steps, calling the engine through the trait.
-//! 6. [`plan`] — plans composed of steps.
+//! 6. [`plan`] — plans composed of steps; [`export`] — the plan as a Kubernetes
+//!    `LeaderWorkerSet` or per-node compose files.
 //! 7. [`run`] — running a plan: both ranks or neither, the run report.
 //! 8. [`lifecycle`] (status and what acts on running deployments).
 //! 9. [`error`] — the crate-level error.
@@ -42,6 +43,7 @@ pub mod digest;
 pub mod engine;
 pub mod error;
 pub mod event;
+pub mod export;
 pub mod facts;
 pub mod hub;
 pub mod layout;

@@ -227,6 +227,84 @@ impl Plan {
         helpers(slf.py())?.call_method1("run_async", (slf, on_event))
     }
 
+    /// The validated plan as one Kubernetes ``LeaderWorkerSet`` (YAML text), exactly what
+    /// ``spark-deploy export lws`` writes.
+    ///
+    /// Facts come from the last launch's record; the ones given here win (each a dict from node
+    /// name to value). A fact still unknown raises, naming the node and the fact.
+    ///
+    /// Args:
+    ///     image_content: the engine image's ``io.spark-deploy.content`` label; None reads it
+    ///         from the head's Docker.
+    ///     model_commit: the checkpoint's commit (40 hex).
+    ///     fabric_addr: fabric IPv4 per node.
+    ///     netdev: fabric netdev per node.
+    ///     rdma_devices: RoCE devices per node (comma-separated), or ``"none"``.
+    ///     gid_index: RoCE v2 GID index per node, or ``"none"``.
+    ///     verifier: path of the spark-deploy binary on every node (the init containers').
+    ///     rdma_resource: the RDMA device plugin's extended resource.
+    ///
+    /// Returns:
+    ///     The YAML text, with comments explaining its choices.
+    ///
+    /// Raises:
+    ///     ValueError: a fact that does not parse or names no node of the config.
+    ///     SparkDeployError: a fact still unknown, the image label unreadable, or a container
+    ///         setting a pod cannot express.
+    #[pyo3(signature = (*, image_content=None, model_commit=None, fabric_addr=None, netdev=None, rdma_devices=None, gid_index=None, verifier=None, rdma_resource=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn export_lws(
+        &self,
+        py: Python<'_>,
+        image_content: Option<String>,
+        model_commit: Option<String>,
+        fabric_addr: Option<std::collections::BTreeMap<String, String>>,
+        netdev: Option<std::collections::BTreeMap<String, String>>,
+        rdma_devices: Option<std::collections::BTreeMap<String, String>>,
+        gid_index: Option<std::collections::BTreeMap<String, String>>,
+        verifier: Option<String>,
+        rdma_resource: Option<String>,
+    ) -> PyResult<String> {
+        use spark_deploy_core::export::{self, ExportError, lws};
+        let value_error = |e: ExportError| pyo3::exceptions::PyValueError::new_err(e.to_string());
+        let failed = |e: ExportError| SparkDeployError::new_err(e.to_string());
+        let config = self.inner.config();
+        let mut o = export::FactOverrides::default();
+        if let Some(c) = &model_commit {
+            o.set_model_commit(c).map_err(value_error)?;
+        }
+        for (flag, values) in [
+            ("fabric-addr", fabric_addr),
+            ("netdev", netdev),
+            ("rdma-devices", rdma_devices),
+            ("gid-index", gid_index),
+        ] {
+            for (node, v) in values.into_iter().flatten() {
+                o.set(flag, &format!("{node}={v}")).map_err(value_error)?;
+            }
+        }
+        let record = export::facts_input::last_launch(config).map_err(failed)?;
+        let facts = export::facts_for_export(config, record.as_ref(), &o).map_err(|e| match e {
+            ExportError::UnknownNode { .. } => value_error(e),
+            e => failed(e),
+        })?;
+        let image_content = match image_content {
+            Some(c) => c,
+            None => {
+                let rt = crate::runtime::get()?;
+                py.detach(|| rt.block_on(export::image_content(config)))
+                    .map_err(failed)?
+            }
+        };
+        let opts = export::LwsOptions {
+            image_content,
+            verifier: verifier.unwrap_or_else(|| lws::DEFAULT_VERIFIER.to_owned()),
+            rdma_resource: rdma_resource.unwrap_or_else(|| lws::DEFAULT_RDMA_RESOURCE.to_owned()),
+        };
+        let engine = spark_deploy_core::engine::for_config(config);
+        export::lws_yaml(config, engine.as_ref(), &facts, &opts).map_err(failed)
+    }
+
     fn _repr_html_(&self, py: Python<'_>) -> PyResult<String> {
         let desc = self.describe(py)?;
         helpers(py)?.call_method1("plan_html", (desc,))?.extract()

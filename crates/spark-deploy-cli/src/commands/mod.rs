@@ -3,6 +3,7 @@
 pub(crate) mod config;
 #[cfg(feature = "testbed")]
 pub(crate) mod demo;
+pub(crate) mod export;
 pub(crate) mod init;
 pub(crate) mod inspect;
 pub(crate) mod plan;

@@ -15,7 +15,7 @@ pub mod tensorfold;
 
 pub use limits::EngineLimits;
 pub use profile::{
-    ApiEndpoint, Engine, FingerprintError, ProbeError, RankMemory, Readiness, ServingSignals,
-    StepPlan,
+    ApiEndpoint, Engine, FingerprintError, ProbeError, RankMemory, RankSlots, Readiness,
+    ServingSignals, StepPlan,
 };
 pub use registry::for_config;

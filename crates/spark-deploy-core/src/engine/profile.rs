@@ -139,6 +139,16 @@ pub struct ServingSignals {
     pub health_path: &'static str,
 }
 
+/// Where a follower's container (rank >= 1) carries its own rank number, so that one pod template
+/// can serve every follower with the rank taken from the pod's index (`export lws`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct RankSlots {
+    /// Positions in the argv whose value is the rank.
+    pub argv: Vec<usize>,
+    /// Environment variables whose value is the rank.
+    pub env: Vec<String>,
+}
+
 /// An engine profile. Steps call these; nothing outside `engine/` names an implementation but
 /// [`super::registry`].
 ///
@@ -243,4 +253,22 @@ pub trait Engine: Send + Sync + Debug {
 
     /// What a supervisor reads from the serving pair.
     fn serving_signals(&self) -> ServingSignals;
+
+    /// Where a follower's container holds its rank; `None` (the default) when the followers'
+    /// containers cannot be told apart by their rank number alone.
+    fn follower_rank_slots(&self) -> Option<RankSlots> {
+        None
+    }
+
+    /// The `spark-deploy` arguments that verify `rank`'s inputs as the rank's container sees
+    /// them (its mounts at their container paths); `rank` may be a reference such as
+    /// `$(LWS_WORKER_INDEX)`. `None` (the default) when the profile has no such check.
+    fn verify_inputs_command(
+        &self,
+        _config: &ValidatedConfig,
+        _facts: &DeploymentFacts,
+        _rank: &str,
+    ) -> Option<Vec<String>> {
+        None
+    }
 }

@@ -263,6 +263,9 @@ fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> 
     base_spec(config, 0, f, argv, env)
 }
 
+/// The argv position of a follower's own rank (`tf-dsv41-lanes MODEL CACHE RANK ...`).
+pub const FOLLOWER_RANK_ARG: usize = 3;
+
 /// Rank r ≥ 1: `tf-dsv41-lanes MODEL CACHE RANK WORLD MASTER PORT KIT --key value ...`.
 fn follower(
     config: &ValidatedConfig,

@@ -176,4 +176,37 @@ impl Engine for TensorfoldDsv41 {
             health_path: "/health",
         }
     }
+
+    fn verify_inputs_command(
+        &self,
+        config: &ValidatedConfig,
+        facts: &DeploymentFacts,
+        rank: &str,
+    ) -> Option<Vec<String>> {
+        // `spark-deploy rank-cache verify MODEL_DIR OUT_DIR RANK WORLD`, as BuildRankCache checks.
+        let c = config.config();
+        let mut argv = vec![
+            "rank-cache".to_owned(),
+            "verify".to_owned(),
+            crate::layout::NodeLayout::snapshot_under(
+                launch::paths::HF,
+                &c.model.id,
+                &facts.model_commit,
+            ),
+            launch::paths::RANK_CACHE.to_owned(),
+            rank.to_owned(),
+            c.nodes.len().to_string(),
+        ];
+        if !c.engine.shape_guard {
+            argv.push("--test-scale".to_owned());
+        }
+        Some(argv)
+    }
+
+    fn follower_rank_slots(&self) -> Option<crate::engine::RankSlots> {
+        Some(crate::engine::RankSlots {
+            argv: vec![launch::FOLLOWER_RANK_ARG],
+            env: Vec::new(),
+        })
+    }
 }
