@@ -39,7 +39,11 @@ def freqs(dim, base, factor, beta_fast, beta_slow, orig_len):
     """The tables' YaRN frequencies in numpy float32 (corr/low/high in Python floats, as the
     definition's Python does)."""
     f32 = np.float32
-    f = f32(1.0) / np.power(f32(base), np.arange(0, dim, 2, dtype=np.float32) / f32(dim))
+    # base ** (i / dim), correctly rounded to float32: computed in float64 and rounded once
+    # (numpy's float32 power is not correctly rounded on every version; the exponent i / dim is
+    # exact in float32 for the even dims used here).
+    exponent = np.arange(0, dim, 2, dtype=np.float32) / f32(dim)
+    f = f32(1.0) / np.power(np.float64(base), exponent.astype(np.float64)).astype(np.float32)
     if orig_len > 0:
         def corr(r):
             return dim * math.log(orig_len / (r * 2 * math.pi)) / (2 * math.log(base))
