@@ -16,7 +16,7 @@
 //! 0. [`secret`], [`container`], [`event`], [`causes`] — vocabulary every layer may use.
 //! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the engine's data
 //!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
-//!    files (`lifecycle::{lock, api_key, logs}`).
+//!    files (`lifecycle::{lock, api_key, logs}`), the serving API's client ([`api`]).
 //! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
 //!    (plan descriptions), `lifecycle::launch_record`.
 //! 3. [`context`] — what a running step may touch: config, ports per node, facts, events,
@@ -25,11 +25,14 @@
 //! 5. [`steps`] — the typed steps, calling the engine through the trait.
 //! 6. [`plan`] — plans composed of steps.
 //! 7. [`run`] — running a plan: both ranks or neither, the run report.
-//! 8. [`lifecycle`] (status and what acts on running deployments).
+//! 8. [`lifecycle`] (status and what acts on running deployments), [`validate`] and [`bench`]
+//!    (what is served, and how fast, through the API).
 //! 9. [`error`] — the crate-level error.
 
 #![warn(missing_docs)]
 
+pub mod api;
+pub mod bench;
 pub mod causes;
 pub mod config;
 pub mod container;
@@ -49,5 +52,6 @@ pub mod run;
 pub mod secret;
 pub mod steps;
 pub mod transfer;
+pub mod validate;
 
 pub use error::Error;
