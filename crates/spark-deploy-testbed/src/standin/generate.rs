@@ -139,6 +139,9 @@ pub struct Run<'a> {
     pub kind: PromptKind,
     /// Drafts on.
     pub draft: bool,
+    /// When the request arrived: the prefill counts from here, so the server's own handling of
+    /// the request is part of the modelled TTFT, not added to it.
+    pub arrived: Instant,
 }
 
 /// Generates `pieces` in time: sleeps through the prefill, then calls `emit` once per verify
@@ -148,9 +151,8 @@ pub async fn run(
     pieces: &[Piece],
     mut emit: impl FnMut(&[Piece]) -> bool,
 ) -> Option<Timing> {
-    let t0 = Instant::now();
-    tokio::time::sleep(r.perf.prefill(r.uncached)).await;
-    let prefill_s = t0.elapsed().as_secs_f64();
+    tokio::time::sleep_until((r.arrived + r.perf.prefill(r.uncached)).into()).await;
+    let prefill_s = r.arrived.elapsed().as_secs_f64();
     let mut t = Timing {
         prefill_s,
         drafted: 0,
@@ -235,6 +237,7 @@ mod tests {
                 uncached: 1000,
                 kind: PromptKind::Code,
                 draft: true,
+                arrived: Instant::now(),
             },
             &p,
             |chunk| {

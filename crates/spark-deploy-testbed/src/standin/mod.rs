@@ -502,6 +502,10 @@ async fn rank0_async(
     let _ = out.flush();
     let state = server::AppState::new(cfg, stream, 0);
     let app = server::router(state.clone());
+    // streamed chunks leave at once (no Nagle delay behind the client's delayed ACK)
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::select! {
         r = axum::serve(listener, app) => {
             r.map_err(StandinError::Runtime)?;

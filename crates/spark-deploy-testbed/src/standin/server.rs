@@ -285,6 +285,7 @@ impl ApiError {
 }
 
 async fn dispatch(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let arrived = std::time::Instant::now();
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     if path == "/health" {
@@ -314,7 +315,7 @@ async fn dispatch(State(st): State<Arc<AppState>>, req: Request) -> Response {
                 return ApiError::bad("cannot read the request body (64 MiB limit)").response();
             };
             let running = Running::enter(&st);
-            chat(&st, running, &body).await
+            chat(&st, running, &body, arrived).await
         }
         (Method::POST, "/tokenize" | "/v1/tokenize") => {
             let Ok(body) = axum::body::to_bytes(req.into_body(), 64 << 20).await else {
@@ -1068,7 +1069,12 @@ impl Reply {
     }
 }
 
-async fn chat(st: &Arc<AppState>, running: Running, body: &[u8]) -> Response {
+async fn chat(
+    st: &Arc<AppState>,
+    running: Running,
+    body: &[u8],
+    arrived: std::time::Instant,
+) -> Response {
     st.requests.fetch_add(1, Ordering::SeqCst);
     let fail = |e: ApiError| {
         st.failures.fetch_add(1, Ordering::SeqCst);
@@ -1145,7 +1151,7 @@ async fn chat(st: &Arc<AppState>, running: Running, body: &[u8]) -> Response {
             )) {
                 return;
             }
-            let timing = generate::run(run_of(&st, &plan, cached), &plan.pieces, |step| {
+            let timing = generate::run(run_of(&st, &plan, cached, arrived), &plan.pieces, |step| {
                 st.generated.fetch_add(step.len() as u64, Ordering::SeqCst);
                 send(&reply.chunk(&plan, reply.delta(&plan, step), Value::Null))
             })
@@ -1172,7 +1178,7 @@ async fn chat(st: &Arc<AppState>, running: Running, body: &[u8]) -> Response {
         });
         return sse_response(Body::from_stream(body));
     }
-    let Some(t) = generate::run(run_of(st, &plan, cached), &plan.pieces, |step| {
+    let Some(t) = generate::run(run_of(st, &plan, cached, arrived), &plan.pieces, |step| {
         st.generated.fetch_add(step.len() as u64, Ordering::SeqCst);
         true
     })
@@ -1212,13 +1218,19 @@ async fn chat(st: &Arc<AppState>, running: Running, body: &[u8]) -> Response {
     )
 }
 
-fn run_of<'a>(st: &'a AppState, plan: &ChatPlan, cached: u64) -> Run<'a> {
+fn run_of<'a>(
+    st: &'a AppState,
+    plan: &ChatPlan,
+    cached: u64,
+    arrived: std::time::Instant,
+) -> Run<'a> {
     Run {
         perf: &st.cfg.perf,
         decoding: &st.decoding,
         uncached: plan.prompt_tokens - cached,
         kind: plan.kind,
         draft: plan.draft,
+        arrived,
     }
 }
 
