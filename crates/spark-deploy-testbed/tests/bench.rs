@@ -3,8 +3,9 @@
 //! performance model makes them. Also: results are stored by fingerprint and `compare` flags a
 //! slower run.
 
-// An integration test: a failed unwrap or expect is the test failure, with its location.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// An integration test: a failed unwrap or expect is the test failure, with its location; the
+// measured lines go to stderr (shown with --no-capture).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::path::Path;
 

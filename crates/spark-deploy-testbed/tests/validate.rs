@@ -2,8 +2,9 @@
 //! a healthy pair and fails on the fault mode that breaks it. The API is reached only through a
 //! spark-deploy config (serving.host/port, served name, key file), as the command does.
 
-// An integration test: a failed unwrap or expect is the test failure, with its location.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// An integration test: a failed unwrap or expect is the test failure, with its location; the
+// measured lines go to stderr (shown with --no-capture).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::path::Path;
 use std::sync::OnceLock;
