@@ -165,6 +165,19 @@ fn bench_prints_the_table_stores_by_fingerprint_and_compares() {
         out[json_end..].contains("| prose × 1 per-stream |"),
         "{out}"
     );
-    let runs = std::fs::read_dir(fps[0].path()).unwrap().count();
-    assert_eq!(runs, 2);
+    let files: Vec<String> = std::fs::read_dir(fps[0].path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let count = |ext: &str| files.iter().filter(|f| f.ends_with(ext)).count();
+    assert_eq!(
+        (count(".json"), count(".png"), count(".html")),
+        (2, 2, 2),
+        "{files:?}"
+    );
+    assert!(!files.iter().any(|f| f.ends_with(".partial")), "{files:?}");
+    let html = files.iter().find(|f| f.ends_with(".html")).unwrap();
+    let html = std::fs::read_to_string(fps[0].path().join(html)).unwrap();
+    assert!(html.contains("<svg") && html.contains("prose aggregate") && !html.contains("<script"));
 }

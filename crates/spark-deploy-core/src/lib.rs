@@ -16,7 +16,8 @@
 //! 0. [`secret`], [`container`], [`event`], [`causes`] — vocabulary every layer may use.
 //! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the engine's data
 //!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
-//!    files (`lifecycle::{lock, api_key, logs}`), the serving API's client ([`api`]).
+//!    files (`lifecycle::{lock, api_key, logs}`), the serving API's client ([`api`]),
+//!    a small PNG canvas ([`raster`]).
 //! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
 //!    (plan descriptions), `lifecycle::launch_record`.
 //! 3. [`context`] — what a running step may touch: config, ports per node, facts, events,
@@ -48,6 +49,7 @@ pub mod lifecycle;
 pub mod plan;
 pub mod ports;
 pub mod preflight;
+pub mod raster;
 pub mod run;
 pub mod secret;
 pub mod steps;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
 use spark_deploy_core::api::Api;
-use spark_deploy_core::bench::{self, Kind, Options, report};
+use spark_deploy_core::bench::{self, Kind, Options, chart, report};
 use spark_deploy_core::event::Event;
 
 use super::Global;
@@ -101,14 +101,26 @@ pub(crate) fn run(global: &Global, args: &BenchArgs) -> Result<(), Failure> {
     );
     let stored =
         report::store(&dir, results.at_unix, &json).map_err(|e| Failure::new(RUNTIME, &e, None))?;
+    let table = report::markdown(&results);
+    let ts = results.at_unix;
+    let charts = report::store_file(&dir, &format!("{ts}.png"), &chart::png(&results))
+        .and_then(|_| {
+            report::store_file(
+                &dir,
+                &format!("{ts}.html"),
+                chart::html(&results, &table, &fingerprint).as_bytes(),
+            )
+        })
+        .map_err(|e| Failure::new(RUNTIME, &e, None))?;
     if global.json {
         render::out(&serde_json::to_string_pretty(&json).unwrap_or_default());
     } else {
-        render::out(&report::markdown(&results));
+        render::out(&table);
     }
     render::note(&format!(
-        "stored {} (fingerprint {fingerprint}, {:.1} s)",
+        "stored {} and the charts {} / .png (fingerprint {fingerprint}, {:.1} s)",
         stored.display(),
+        charts.display(),
         results.wall_s
     ));
     if args.compare {

@@ -12,6 +12,7 @@
 //!
 //! Events carry `Source::Command("bench")`.
 
+pub mod chart;
 pub mod prompts;
 pub mod report;
 

@@ -153,14 +153,26 @@ pub fn dir(state_dir: &Path, fingerprint: &str) -> PathBuf {
 /// # Errors
 /// [`ReportError::Io`].
 pub fn store(dir: &Path, at_unix: u64, json: &Value) -> Result<PathBuf, ReportError> {
-    let path = dir.join(format!("{at_unix}.json"));
+    store_file(
+        dir,
+        &format!("{at_unix}.json"),
+        &serde_json::to_vec_pretty(json).unwrap_or_default(),
+    )
+}
+
+/// Writes `bytes` as `<dir>/<name>` (temporary file, then rename) and returns the path.
+///
+/// # Errors
+/// [`ReportError::Io`].
+pub fn store_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, ReportError> {
+    let path = dir.join(name);
     let io = |source| ReportError::Io {
         path: path.clone(),
         source,
     };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let tmp = dir.join(format!(".{at_unix}.json.partial"));
-    std::fs::write(&tmp, serde_json::to_vec_pretty(json).unwrap_or_default()).map_err(io)?;
+    let tmp = dir.join(format!(".{name}.partial"));
+    std::fs::write(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
     Ok(path)
 }

@@ -53,7 +53,7 @@
 //!   rank 1 fail with `FrameTooLong` (rank 0 then serves with a failed proof: every chat is 500);
 //!   a smaller one goes unnoticed. Drafts, kit, token map and Engram mismatches are not checked.
 //! - Not emulated: rank-0 gate mode of `tf-dsv41-lanes`, TP=4 (`NotPortedYet`), NCCL/RDMA,
-//!   `follow_refused`, `/v1/completions`, `/v1/responses`, `/v1/messages`, tokenize routes (404),
+//!   `follow_refused`, `/v1/completions`, `/v1/responses`, `/v1/messages`, `/detokenize` (404),
 //!   non-PNG images (400: the image has no python3/Pillow), the config shape guard (the real
 //!   model's dimensions; test-scale checkpoints must pass), kit `MANIFEST` verification (not done
 //!   by the engine).
