@@ -18,12 +18,11 @@ use crate::secret::Secret;
 pub enum ApiError {
     /// The API key file could not be read.
     #[error(
-        "{source}; remedy: run `spark-deploy up` (it writes the key), or point serving.api_key_file at the key file"
+        "{cause}; remedy: run `spark-deploy up` (it writes the key), or point serving.api_key_file at the key file"
     )]
     Key {
-        /// The key file error.
-        #[source]
-        source: crate::lifecycle::api_key::ApiKeyError,
+        /// The key file error (in the message, so not repeated as a cause).
+        cause: crate::lifecycle::api_key::ApiKeyError,
     },
     /// The request did not complete.
     #[error(
@@ -113,7 +112,7 @@ impl Api {
     pub fn from_config(config: &ValidatedConfig) -> Result<Self, ApiError> {
         let c = config.config();
         let key = crate::lifecycle::api_key::read(std::path::Path::new(&c.serving.api_key_file))
-            .map_err(|source| ApiError::Key { source })?;
+            .map_err(|cause| ApiError::Key { cause })?;
         let host = if c.serving.host == "0.0.0.0" || c.serving.host.is_empty() {
             "127.0.0.1".to_owned()
         } else if c.serving.host.contains(':') {
