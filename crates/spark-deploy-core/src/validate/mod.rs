@@ -186,8 +186,12 @@ pub struct Options {
 
 /// The needle prompt's default size, in tokens: modest, so `validate` stays quick.
 pub const DEFAULT_NEEDLE: u64 = 16_000;
-/// The needle check's reply budget.
-const NEEDLE_REPLY: u64 = 2048;
+/// The needle check's reply budget: 2,048 tokens, less on a small pool (an eighth of it, at
+/// least 64).
+#[must_use]
+pub fn needle_reply(pool: u64) -> u64 {
+    (pool / 8).clamp(64, 2048)
+}
 /// The passphrase hidden in the needle prompt.
 pub const PASSPHRASE: &str = "violet-harbor-7291";
 
@@ -206,12 +210,13 @@ impl Options {
     /// [`ValidateError::NeedleTooLarge`] when an asked size does not fit.
     pub fn needle_for(&self, pool: u64) -> Result<u64, ValidateError> {
         // prompt + reply + 18 rounded up to 2048 must fit; keep a margin for the tokenizer
-        let max = pool.saturating_sub(NEEDLE_REPLY + 2048 + 64) * 9 / 10;
+        let reply = needle_reply(pool);
+        let max = pool.saturating_sub(reply + 2048 + 64) * 9 / 10;
         match self.needle_tokens {
             Some(t) if t > max => Err(ValidateError::NeedleTooLarge {
                 tokens: t,
                 pool,
-                reply: NEEDLE_REPLY,
+                reply,
                 max,
             }),
             Some(t) => Ok(t),
@@ -571,7 +576,7 @@ async fn needle(api: &Api, tokens: u64) -> Result<Outcome, ApiError> {
     );
     let r = api
         .chat(json!({"messages": [{"role": "user", "content": prompt}], "temperature": 0, "seed": 1234,
-                     "max_tokens": NEEDLE_REPLY, "reasoning_effort": "none"}))
+                     "max_tokens": needle_reply(api.pool), "reasoning_effort": "none"}))
         .await?;
     Ok(match answer(&r) {
         Err(o) => o,
@@ -748,6 +753,10 @@ mod tests {
         assert!(!o.selected().contains(&Check::Image));
         assert_eq!(o.needle_for(1_048_576).unwrap(), DEFAULT_NEEDLE);
         assert!(o.needle_for(8192).unwrap() < 8192);
+        // a test-scale pool still holds a needle
+        let small = o.needle_for(4096).unwrap();
+        assert!(small > 1000, "{small}");
+        assert!(small * 10 / 9 + needle_reply(4096) + 2048 + 64 <= 4096 + 10);
         let big = Options {
             needle_tokens: Some(250_000),
             ..o
