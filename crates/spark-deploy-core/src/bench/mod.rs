@@ -293,6 +293,18 @@ pub async fn run(
         .copied()
         .filter(|n| *n >= 1 && *n <= api.parallel.max(1))
         .collect();
+    let dropped: Vec<u32> = opts
+        .streams
+        .iter()
+        .copied()
+        .filter(|n| !streams.contains(n))
+        .collect();
+    if !dropped.is_empty() {
+        log(format!(
+            "stream counts {dropped:?} left out: serving.parallel is {}",
+            api.parallel
+        ));
+    }
     let mut results = Results {
         base_url: api.base_url.clone(),
         model: api.model.clone(),
@@ -371,6 +383,9 @@ pub async fn run(
                 ttft.push(t);
                 toks.push(p as f64);
                 cached = cached.max(s.cached_tokens());
+            }
+            if rate.is_empty() {
+                break;
             }
             let row = PrefillRow {
                 length: len,
