@@ -19,6 +19,10 @@ __all__ = [
     "Testbed",
     "Report",
     "StepStatus",
+    "ValidationReport",
+    "CheckResult",
+    "Verdict",
+    "BenchRows",
     "testbed_up",
     "testbed_down",
     "SparkDeployError",
@@ -195,6 +199,87 @@ class Deployment:
         """Stop every rank, rank 0 first, saving logs. Raises StopError."""
     def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Stop both ranks and start both again in one run (Stop + the standard plan)."""
+    def validate(
+        self,
+        only: list[str] = ...,
+        skip: list[str] = ...,
+        needle: int | None = None,
+        on_event: Callable[[_Event], object] | None = None,
+    ) -> ValidationReport:
+        """The checks of ``spark-deploy validate`` through the API. Raises ValueError (unknown
+        check, needle too large for the pool), SparkDeployError (no API key file)."""
+    def bench(
+        self,
+        streams: list[int] = ...,
+        kinds: list[str] = ...,
+        max_tokens: int = 256,
+        reps: int = 3,
+        prefill: list[int] = ...,
+        on_event: Callable[[_Event], object] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> BenchRows:
+        """Decode and prefill rates by the recipe's method, stored under the state directory by
+        fingerprint. Ctrl-C or ``cancel`` stops the load and returns the rows measured so far."""
+
+class Verdict(str, enum.Enum):
+    """A validation check's outcome; equal to its JSON string."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    UNSUPPORTED = "unsupported"
+
+class CheckResult:
+    """One check of ``Deployment.validate()``."""
+
+    check: str
+    verdict: Verdict
+    detail: str
+    seconds: float
+    def __init__(self, check: str, verdict: str, detail: str, seconds: float) -> None: ...
+
+class ValidationReport(list[CheckResult]):
+    """The results of ``Deployment.validate()``, in order."""
+
+    base_url: str
+    model: str
+    def __init__(self, results: list[CheckResult], base_url: str = "", model: str = "") -> None: ...
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ValidationReport: ...
+    @property
+    def ok(self) -> bool:
+        """No check failed (``unsupported`` is not a failure)."""
+    @property
+    def failed(self) -> list[str]:
+        """Names of the failed checks."""
+    def _repr_html_(self) -> str: ...
+
+class BenchRows(list[dict[str, Any]]):
+    """The rows of ``Deployment.bench()`` (medians), shown as the chart in Jupyter."""
+
+    json: dict[str, Any]
+    table: str
+    html: str
+    png: bytes
+    path: str
+    interrupted: bool
+    def __init__(
+        self,
+        rows: list[dict[str, Any]],
+        json: dict[str, Any],
+        table: str,
+        html: str,
+        png: bytes,
+        path: str,
+        interrupted: bool = False,
+    ) -> None: ...
+    @classmethod
+    def from_json(
+        cls, doc: dict[str, Any], table: str, html: str, png: bytes, path: str, interrupted: bool = False
+    ) -> BenchRows: ...
+    def to_pandas(self) -> Any:
+        """The rows as a ``pandas.DataFrame`` (needs pandas)."""
+    def _repr_html_(self) -> str: ...
+    def _repr_png_(self) -> bytes: ...
 
 # Testbed, testbed_up and testbed_down exist in builds with the cargo feature `testbed` (the
 # default); a module built with --no-default-features has neither.

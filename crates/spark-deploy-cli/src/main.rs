@@ -87,6 +87,11 @@ enum Command {
     Restart,
     /// Print the deployment's API key (generated on the first `up`).
     ApiKey,
+    /// Check what the deployment serves through its API (text, thinking, tools, JSON schema,
+    /// tokenizer, images, a long needle, exactness).
+    Validate(commands::validate::ValidateArgs),
+    /// Measure decode (1/2/4 streams, prose/code/structured) and cold prefill through the API.
+    Bench(commands::bench::BenchArgs),
     /// Deploy onto the testbed (two Sparks on this machine) in one command.
     #[cfg(feature = "testbed")]
     Demo,
@@ -181,6 +186,8 @@ fn main() -> ExitCode {
         Command::Logs(args) => commands::inspect::run_logs(&global, &args),
         Command::Restart => commands::run::run(&global, commands::run::Which::Restart),
         Command::ApiKey => commands::api_key(&global),
+        Command::Validate(args) => commands::validate::run(&global, &args),
+        Command::Bench(args) => commands::bench::run(&global, &args),
         #[cfg(feature = "testbed")]
         Command::Demo => commands::demo::run(&global),
         Command::Up => commands::run::run(&global, commands::run::Which::Up),

@@ -17,7 +17,8 @@
 //! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the shared [`digest`],
 //!    [`backoff`], [`commit`] and [`safetensors_header`] helpers, the engine's data
 //!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
-//!    files (`lifecycle::{lock, api_key, logs}`).
+//!    files (`lifecycle::{lock, api_key, logs}`), the serving API's client ([`api`]),
+//!    a small PNG canvas ([`raster`]).
 //! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
 //!    (plan descriptions), `lifecycle::launch_record`.
 //! 3. [`context`] — what a running step may touch: config, ports per node, facts, events,
@@ -27,12 +28,15 @@
 //! 6. [`plan`] — plans composed of steps; [`export`] — the plan as a Kubernetes
 //!    `LeaderWorkerSet` or per-node compose files.
 //! 7. [`run`] — running a plan: both ranks or neither, the run report.
-//! 8. [`lifecycle`] (status and what acts on running deployments).
+//! 8. [`lifecycle`] (status and what acts on running deployments), [`validate`] and [`bench`]
+//!    (what is served, and how fast, through the API).
 //! 9. [`error`] — the crate-level error.
 
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod backoff;
+pub mod bench;
 pub mod causes;
 pub mod commit;
 pub mod config;
@@ -51,10 +55,12 @@ pub mod lifecycle;
 pub mod plan;
 pub mod ports;
 pub mod preflight;
+pub mod raster;
 pub mod run;
 pub mod safetensors_header;
 pub mod secret;
 pub mod steps;
 pub mod transfer;
+pub mod validate;
 
 pub use error::Error;

@@ -209,6 +209,75 @@ impl Deployment {
         )
     }
 
+    /// Checks what the deployment serves through its API (docs/validate-and-bench.md).
+    ///
+    /// Args:
+    ///     only: run only these checks (names as ``spark-deploy validate`` takes them).
+    ///     skip: leave these checks out.
+    ///     needle: needle prompt size in tokens (default 16000, capped by the pool).
+    ///     on_event: called on this thread with each event dict (one ``log`` per check).
+    ///
+    /// Returns:
+    ///     A ``ValidationReport``: a list of ``CheckResult`` (``check``, ``verdict``, ``detail``,
+    ///     ``seconds``) with ``.ok``.
+    ///
+    /// Raises:
+    ///     ValueError: an unknown check name, or a needle that does not fit the pool.
+    ///     SparkDeployError: the API key file cannot be read.
+    #[pyo3(signature = (only=vec![], skip=vec![], needle=None, on_event=None))]
+    fn validate<'py>(
+        &self,
+        py: Python<'py>,
+        only: Vec<String>,
+        skip: Vec<String>,
+        needle: Option<u64>,
+        on_event: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::measure::validate(py, &self.validated, &only, &skip, needle, on_event)
+    }
+
+    /// Measures decode (per stream and aggregate) and cold prefill through the API by the
+    /// recipe's method, and stores the run under the state directory by fingerprint.
+    ///
+    /// Args:
+    ///     streams: concurrent stream counts (capped by ``serving.parallel``).
+    ///     kinds: prompt kinds: ``prose``, ``code``, ``structured``.
+    ///     max_tokens: completion tokens per request.
+    ///     reps: repetitions (the median is reported).
+    ///     prefill: prefill lengths in tokens (those that do not fit the pool are left out).
+    ///     on_event: called on this thread with each event dict (one ``log`` per row).
+    ///     cancel: a ``threading.Event``; setting it stops the load.
+    ///
+    /// Returns:
+    ///     ``BenchRows``: a list of row dicts with ``to_pandas()``, shown as the chart in Jupyter.
+    ///     Ctrl-C stops the load and returns the rows measured so far (``.interrupted``).
+    ///
+    /// Raises:
+    ///     ValueError: an unknown prompt kind.
+    ///     SparkDeployError: a request failed or the API key file cannot be read.
+    #[pyo3(signature = (streams=vec![1, 2, 4], kinds=vec!["prose".to_owned(), "code".to_owned(), "structured".to_owned()], max_tokens=256, reps=3, prefill=vec![8192, 16384, 32768, 65536, 131_072, 262_144], on_event=None, cancel=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn bench<'py>(
+        &self,
+        py: Python<'py>,
+        streams: Vec<u32>,
+        kinds: Vec<String>,
+        max_tokens: u64,
+        reps: u32,
+        prefill: Vec<u64>,
+        on_event: Option<&Bound<'py, PyAny>>,
+        cancel: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let args = crate::measure::BenchArgs {
+            streams,
+            kinds,
+            max_tokens,
+            reps,
+            prefill,
+        };
+        crate::measure::bench(py, &self.validated, args, on_event, cancel)
+    }
+
     /// The engine log of one rank's container (stdout and stderr interleaved).
     ///
     /// Args:

@@ -190,3 +190,120 @@ def default_progress():
     if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
         return None
     return _JupyterProgress(display, HTML)
+
+
+class Verdict(str, Enum):
+    """A validation check's outcome; compares equal to its JSON string (``"pass"``)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    UNSUPPORTED = "unsupported"
+
+
+class CheckResult:
+    """One check of ``Deployment.validate()``: ``check`` (its name), ``verdict`` (a
+    :class:`Verdict`), ``detail`` (what was seen) and ``seconds`` (wall time)."""
+
+    __slots__ = ("check", "verdict", "detail", "seconds")
+
+    def __init__(self, check, verdict, detail, seconds):
+        self.check = check
+        self.verdict = Verdict(verdict)
+        self.detail = detail
+        self.seconds = seconds
+
+    def __repr__(self):
+        return f"CheckResult({self.check!r}, {self.verdict.value!r}, {self.detail!r}, {self.seconds:.2f})"
+
+
+class ValidationReport(list):
+    """The results of ``Deployment.validate()``: one :class:`CheckResult` per check run, in
+    order; ``ok`` is True when none failed (``unsupported`` is not a failure)."""
+
+    def __init__(self, results, base_url="", model=""):
+        super().__init__(results)
+        self.base_url = base_url
+        self.model = model
+
+    @classmethod
+    def from_json(cls, doc):
+        results = [CheckResult(r["check"], r["verdict"], r["detail"], r["seconds"]) for r in doc.get("results", [])]
+        return cls(results, doc.get("base_url", ""), doc.get("model", ""))
+
+    @property
+    def ok(self):
+        return all(r.verdict != Verdict.FAIL for r in self)
+
+    @property
+    def failed(self):
+        return [r.check for r in self if r.verdict == Verdict.FAIL]
+
+    def _repr_html_(self):
+        colours = {"pass": "#2e7d32", "fail": "#c62828", "unsupported": "#757575"}
+        rows = [
+            (
+                escape(r.check),
+                f"<span style='color:{colours[r.verdict.value]}'>{r.verdict.value.upper()}</span>",
+                f"{r.seconds:.2f} s",
+                escape(r.detail),
+            )
+            for r in self
+        ]
+        return f"<div><b>spark-deploy validate</b> {escape(self.model)}{_table(('check', 'verdict', 'time', 'detail'), rows)}</div>"
+
+
+class BenchRows(list):
+    """The rows of ``Deployment.bench()``: one dict per prompt kind x streams (``kind``,
+    ``streams``, ``per_stream_tps``, ``per_stream_std``, ``aggregate_tps``, ``aggregate_std``,
+    ``ttft_s``, ``completion_tokens``) and one per prefill length (``kind`` = ``"prefill"``,
+    ``length``, ``prompt_tokens``, ``prefill_tps``, ``prefill_std``, ``ttft_s``). Medians over the
+    repetitions. ``json`` is the stored JSON (llama-benchy's fields), ``table`` the markdown,
+    ``html`` and ``png`` the charts, ``path`` where the run was stored, ``interrupted`` whether
+    Ctrl-C stopped it. Shown as the chart in Jupyter."""
+
+    def __init__(self, rows, json, table, html, png, path, interrupted=False):
+        super().__init__(rows)
+        self.json = json
+        self.table = table
+        self.html = html
+        self.png = png
+        self.path = path
+        self.interrupted = interrupted
+
+    @classmethod
+    def from_json(cls, doc, table, html, png, path, interrupted=False):
+        r = doc["spark_deploy"]["results"]
+        rows = []
+        for d in r.get("decode", []):
+            rows.append({
+                "kind": d["kind"],
+                "streams": d["streams"],
+                "per_stream_tps": d["per_stream"]["median"],
+                "per_stream_std": d["per_stream"]["std"],
+                "aggregate_tps": d["aggregate"]["median"],
+                "aggregate_std": d["aggregate"]["std"],
+                "ttft_s": d["ttft_s"]["median"],
+                "completion_tokens": d["completion_tokens"],
+            })
+        for p in r.get("prefill", []):
+            rows.append({
+                "kind": "prefill",
+                "length": p["length"],
+                "prompt_tokens": p["prompt_tokens"],
+                "prefill_tps": p["rate"]["median"],
+                "prefill_std": p["rate"]["std"],
+                "ttft_s": p["ttft_s"]["median"],
+            })
+        return cls(rows, doc, table, html, png, path, interrupted)
+
+    def to_pandas(self):
+        """The rows as a ``pandas.DataFrame`` (needs pandas)."""
+        import pandas
+
+        return pandas.DataFrame(list(self))
+
+    def _repr_html_(self):
+        return self.html
+
+    def _repr_png_(self):
+        return self.png

@@ -16,6 +16,7 @@
 mod deployment;
 mod errors;
 mod events;
+mod measure;
 mod plan;
 mod runtime;
 #[cfg(feature = "testbed")]
@@ -152,6 +153,9 @@ fn spark_deploy(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::Plan>()?;
     m.add_class::<deployment::Deployment>()?;
     m.add("Report", plan::helpers(m.py())?.getattr("Report")?)?;
+    for name in ["ValidationReport", "CheckResult", "Verdict", "BenchRows"] {
+        m.add(name, plan::helpers(m.py())?.getattr(name)?)?;
+    }
     m.add("StepStatus", plan::helpers(m.py())?.getattr("StepStatus")?)?;
     #[cfg(feature = "testbed")]
     {

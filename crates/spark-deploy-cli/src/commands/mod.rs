@@ -1,5 +1,6 @@
 //! One module per command.
 
+pub(crate) mod bench;
 pub(crate) mod config;
 #[cfg(feature = "testbed")]
 pub(crate) mod demo;
@@ -11,6 +12,7 @@ pub(crate) mod rank_cache;
 pub(crate) mod run;
 #[cfg(feature = "testbed")]
 pub(crate) mod testbed;
+pub(crate) mod validate;
 
 use std::path::{Path, PathBuf};
 

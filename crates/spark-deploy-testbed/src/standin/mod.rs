@@ -14,7 +14,10 @@
 //!
 //! Stand-in-only environment: `TF_STANDIN_CONNECT_TIMEOUT_S` (rank 1's connect window) and
 //! `TF_STANDIN_PROOF` (`all`, or a comma list of tensor prefixes; default
-//! [`split::default_tensors`]). Pass both to both ranks.
+//! [`split::default_tensors`]). Pass both to both ranks. Rank 0 also reads the performance
+//! model ([`perf`]: `TF_STANDIN_DECODE_TPS`, `TF_STANDIN_PREFILL_TPS`, `TF_STANDIN_CONTENTION`,
+//! `TF_STANDIN_TIME_SCALE`, `TF_STANDIN_ACCEPT`) and the API's fault modes ([`faults`]:
+//! `TF_STANDIN_FAULT`).
 //!
 //! Library code does not print: the protocol lines go to the `out` writer the binary passes
 //! (stdout), errors to `err` (stderr).
@@ -50,15 +53,21 @@
 //!   rank 1 fail with `FrameTooLong` (rank 0 then serves with a failed proof: every chat is 500);
 //!   a smaller one goes unnoticed. Drafts, kit, token map and Engram mismatches are not checked.
 //! - Not emulated: rank-0 gate mode of `tf-dsv41-lanes`, TP=4 (`NotPortedYet`), NCCL/RDMA,
-//!   `follow_refused`, `/v1/completions`, `/v1/responses`, `/v1/messages`, tokenize routes (404),
+//!   `follow_refused`, `/v1/completions`, `/v1/responses`, `/v1/messages`, `/detokenize` (404),
 //!   non-PNG images (400: the image has no python3/Pillow), the config shape guard (the real
 //!   model's dimensions; test-scale checkpoints must pass), kit `MANIFEST` verification (not done
 //!   by the engine).
 
+pub mod answer;
 pub mod args;
+pub mod faults;
+pub mod generate;
 pub mod inputs;
 pub mod link;
+pub mod loopback;
 pub mod opened;
+pub mod perf;
+pub mod png;
 pub mod rank_file;
 pub mod rootfs;
 pub mod server;
@@ -107,6 +116,12 @@ pub enum StandinError {
     /// The HTTP listener.
     #[error(transparent)]
     Server(#[from] server::ServerError),
+    /// The performance model's environment.
+    #[error(transparent)]
+    Perf(#[from] perf::PerfError),
+    /// The fault modes' environment.
+    #[error(transparent)]
+    Fault(#[from] faults::FaultError),
     /// The async runtime.
     #[error("error.Runtime: {0}")]
     Runtime(std::io::Error),
@@ -384,6 +399,8 @@ fn run_rank0(
 ) -> Result<u8, StandinError> {
     let start = Instant::now();
     let a: Rank0Args = args::parse_rank0(argv, env)?;
+    let perf = perf::PerfModel::from_env(env)?;
+    let faults = faults::Faults::from_env(env)?;
     let mut keys: Vec<String> = a.api_key.iter().cloned().collect();
     if let Some(f) = &a.api_key_file {
         keys.extend(inputs::read_api_keys(f)?);
@@ -408,7 +425,7 @@ fn run_rank0(
         .enable_all()
         .build()
         .map_err(StandinError::Runtime)?;
-    rt.block_on(rank0_async(a, keys, l, ckpt, loaded_s, out))
+    rt.block_on(rank0_async(a, keys, l, ckpt, loaded_s, (perf, faults), out))
 }
 
 async fn rank0_async(
@@ -417,6 +434,7 @@ async fn rank0_async(
     l: Loaded,
     ckpt: Checkpoint,
     loaded_s: f64,
+    (perf, faults): (perf::PerfModel, faults::Faults),
     out: &mut dyn Write,
 ) -> Result<u8, StandinError> {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -489,6 +507,9 @@ async fn rank0_async(
         vision: l.cfg.vision,
         parallel: a.parallel.unwrap_or(1),
         proof: proof.clone(),
+        drafts: !a.no_drafts,
+        perf,
+        faults,
     };
     let listener = server::bind(&a.host, a.port).await?;
     let _ = writeln!(
@@ -501,6 +522,10 @@ async fn rank0_async(
     let _ = out.flush();
     let state = server::AppState::new(cfg, stream, 0);
     let app = server::router(state.clone());
+    // streamed chunks leave at once (no Nagle delay behind the client's delayed ACK)
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::select! {
         r = axum::serve(listener, app) => {
             r.map_err(StandinError::Runtime)?;

@@ -1,15 +1,25 @@
 //! Rank 0's HTTP API on axum: `GET /v1/models` (any path ending in
 //! `/models`), `GET /health` (open even with API keys), `GET /metrics` / `/v1/metrics`
-//! (Prometheus text), `POST /v1/chat/completions` (JSON and SSE).
+//! (Prometheus text), `POST /v1/chat/completions` (JSON and SSE, streamed in time),
+//! `POST /tokenize` / `/v1/tokenize`.
 //!
 //! Replies are deterministic and seed-free:
-//! - the last user message contains a product like `17*23` (or `17 × 23`) → the content is the
-//!   number (`391`); otherwise a fixed sentence (or, with image parts, a sentence naming them);
+//! - the rules of [`super::answer`] (a passphrase in the prompt, `a*b`, `a + b`, the capital of
+//!   France) give the content; otherwise a fixed sentence (or, with image parts, a sentence naming
+//!   each image's size and mean colour); `ignore_eos: true` fills the reply to `max_tokens`;
+//! - `response_format` (`json_schema` / `json_object`) → content is JSON built from the schema;
 //! - thinking on (server `--thinking` default; `chat_template_kwargs.enable_thinking` /
 //!   `.thinking` wins; `reasoning_effort: "none"` turns it off) → `reasoning_content`;
 //! - `tools` offered (and `tool_choice` not `"none"`, and the last message is not a tool result)
 //!   → one call of the first offered tool (or the named `tool_choice`), arguments built from its
 //!   JSON schema's `required` properties, `finish_reason: "tool_calls"`.
+//!
+//! Timing follows [`super::perf`]: TTFT = uncached prompt tokens / prefill rate, then verify steps
+//! (one token serial, several with drafts, `"draft": false` giving the same tokens serially). A
+//! prompt seen before (same messages, no images) is resumed from the prompt cache
+//! (`usage.prompt_tokens_details.cached_tokens` = all but one token). The reply's `tensorfold`
+//! block carries `prefill_s`, `token_sha` (hash of the reply's tokens), `draft` and `kind`.
+//! Fault modes ([`super::faults`]) break one behaviour each.
 //!
 //! Token counting (tokenizer-free, documented approximation): prompt tokens =
 //! ceil(text bytes of all messages / 4) + 256 per image; reply tokens = ceil(bytes / 4). A request
@@ -20,6 +30,7 @@
 //! request with `PeerDown` (500, or an SSE error event then `[DONE]`) while `/health` stays ok.
 //! A failed split proof fails every chat request with 500 naming the tensor.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -29,11 +40,17 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::Mutex;
 
+pub use super::answer::find_product;
+use super::answer::{filler, find_needle, knowledge, schema_value};
+use super::faults::{Fault, Faults};
+use super::generate::{self, Piece, Run};
 use super::link::{self, LinkError, kind};
+use super::perf::{PerfModel, PromptKind, classify};
+use super::png;
 use super::split::ProofReport;
 
 /// What the server serves, fixed at start.
@@ -57,6 +74,12 @@ pub struct ServerConfig {
     pub parallel: u32,
     /// The split proof's outcome.
     pub proof: ProofReport,
+    /// Drafts on (no `--no-drafts`).
+    pub drafts: bool,
+    /// Rates and factors of the timing.
+    pub perf: PerfModel,
+    /// Fault modes in effect.
+    pub faults: Faults,
 }
 
 /// Why the server could not run.
@@ -86,7 +109,29 @@ pub struct AppState {
     requests: AtomicU64,
     failures: AtomicU64,
     running: AtomicU64,
+    decoding: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generated: AtomicU64,
+    drafted: AtomicU64,
+    accepted: AtomicU64,
+    prompt_cache: std::sync::Mutex<HashSet<[u8; 32]>>,
     peer_down: AtomicBool,
+}
+
+/// Counts a request as running while it lives (for a stream: until its last chunk is sent).
+struct Running(Arc<AppState>);
+
+impl Running {
+    fn enter(st: &Arc<AppState>) -> Self {
+        st.running.fetch_add(1, Ordering::SeqCst);
+        Self(st.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl AppState {
@@ -101,6 +146,12 @@ impl AppState {
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             running: AtomicU64::new(0),
+            decoding: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generated: AtomicU64::new(0),
+            drafted: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            prompt_cache: std::sync::Mutex::new(HashSet::new()),
             peer_down: AtomicBool::new(down),
         })
     }
@@ -234,6 +285,7 @@ impl ApiError {
 }
 
 async fn dispatch(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let arrived = std::time::Instant::now();
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     if path == "/health" {
@@ -262,10 +314,17 @@ async fn dispatch(State(st): State<Arc<AppState>>, req: Request) -> Response {
             let Ok(body) = axum::body::to_bytes(req.into_body(), 64 << 20).await else {
                 return ApiError::bad("cannot read the request body (64 MiB limit)").response();
             };
-            st.running.fetch_add(1, Ordering::SeqCst);
-            let r = chat(&st, &body).await;
-            st.running.fetch_sub(1, Ordering::SeqCst);
-            r
+            let running = Running::enter(&st);
+            chat(&st, running, &body, arrived).await
+        }
+        (Method::POST, "/tokenize" | "/v1/tokenize") => {
+            let Ok(body) = axum::body::to_bytes(req.into_body(), 64 << 20).await else {
+                return ApiError::bad("cannot read the request body (64 MiB limit)").response();
+            };
+            match tokenize(&st.cfg, &body) {
+                Ok(v) => json_response(StatusCode::OK, &v),
+                Err(e) => e.response(),
+            }
         }
         (_, p) => ApiError {
             status: 404,
@@ -308,7 +367,8 @@ fn models(st: &AppState) -> Response {
 
 fn metrics(st: &AppState) -> Response {
     let running = st.running.load(Ordering::SeqCst);
-    let rows: [(&str, &str, String); 8] = [
+    let load = |c: &AtomicU64| c.load(Ordering::SeqCst).to_string();
+    let rows: [(&str, &str, String); 15] = [
         (
             "tensorfold:requests_total",
             "counter",
@@ -341,12 +401,46 @@ fn metrics(st: &AppState) -> Response {
         ),
         ("vllm:num_requests_running", "gauge", running.to_string()),
         ("vllm:kv_cache_usage_perc", "gauge", "0".to_owned()),
+        (
+            "tensorfold:num_requests_decoding",
+            "gauge",
+            load(&st.decoding),
+        ),
+        (
+            "tensorfold:prompt_tokens_total",
+            "counter",
+            load(&st.prompt_tokens),
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            "counter",
+            load(&st.prompt_tokens),
+        ),
+        (
+            "tensorfold:generation_tokens_total",
+            "counter",
+            load(&st.generated),
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            load(&st.generated),
+        ),
+        (
+            "vllm:spec_decode_num_draft_tokens",
+            "counter",
+            load(&st.drafted),
+        ),
+        (
+            "vllm:spec_decode_num_accepted_tokens",
+            "counter",
+            load(&st.accepted),
+        ),
     ];
     let mut text = String::new();
     for (name, t, v) in rows {
         text.push_str(&format!("# TYPE {name} {t}\n{name} {v}\n"));
     }
-    text.push_str("# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts 0\n");
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -356,7 +450,7 @@ fn metrics(st: &AppState) -> Response {
 }
 
 /// One decoded image part.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ImageInfo {
     /// Decoded bytes.
     pub bytes: usize,
@@ -364,6 +458,20 @@ pub struct ImageInfo {
     pub width: u32,
     /// PNG height.
     pub height: u32,
+    /// The mean colour's name, when the pixels decode.
+    pub colour: Option<&'static str>,
+}
+
+impl ImageInfo {
+    fn describe(&self) -> String {
+        let colour = self
+            .colour
+            .map_or_else(String::new, |c| format!(", mostly {c}"));
+        format!(
+            "{}x{} PNG ({} bytes{colour})",
+            self.width, self.height, self.bytes
+        )
+    }
 }
 
 /// A chat request, understood.
@@ -381,20 +489,48 @@ pub struct ChatPlan {
     pub max_tokens: u64,
     /// Thinking on.
     pub thinking: bool,
-    /// `reasoning_content`.
-    pub reasoning: Option<String>,
-    /// `content`.
-    pub content: Option<String>,
     /// `(name, arguments JSON)` of the one tool call.
     pub tool_call: Option<(String, String)>,
     /// Image parts.
     pub images: Vec<ImageInfo>,
     /// `finish_reason`.
     pub finish_reason: &'static str,
+    /// The reply's tokens.
+    pub pieces: Vec<Piece>,
     /// Reply tokens.
     pub completion_tokens: u64,
     /// Of which reasoning.
     pub reasoning_tokens: u64,
+    /// Kind of the last user message (draft acceptance).
+    pub kind: PromptKind,
+    /// Drafts on for this request.
+    pub draft: bool,
+    /// The prompt-cache key (no key for prompts with images: they are never cached).
+    pub cache_key: Option<[u8; 32]>,
+}
+
+impl ChatPlan {
+    /// `reasoning_content`.
+    #[must_use]
+    pub fn reasoning(&self) -> Option<String> {
+        let r = generate::text(&self.pieces, |p| match p {
+            Piece::Reasoning(s) => Some(s),
+            _ => None,
+        });
+        (!r.is_empty()).then_some(r)
+    }
+
+    /// `content` (`None` for a tool call).
+    #[must_use]
+    pub fn content(&self) -> Option<String> {
+        if self.tool_call.is_some() {
+            return None;
+        }
+        Some(generate::text(&self.pieces, |p| match p {
+            Piece::Content(s) => Some(s),
+            _ => None,
+        }))
+    }
 }
 
 fn tokens(s: &str) -> u64 {
@@ -429,74 +565,8 @@ fn decode_image(url: &str) -> Result<ImageInfo, ApiError> {
         bytes: bytes.len(),
         width: be(16),
         height: be(20),
+        colour: png::decode(&bytes).ok().map(|s| s.colour()),
     })
-}
-
-/// Finds the first product `a*b` (also `a × b`) of unsigned integers in `s`.
-#[must_use]
-pub fn find_product(s: &str) -> Option<(u128, u128, u128)> {
-    let c: Vec<char> = s.chars().collect();
-    let mut i = 0;
-    while i < c.len() {
-        if !c[i].is_ascii_digit() || (i > 0 && c[i - 1].is_ascii_digit()) {
-            i += 1;
-            continue;
-        }
-        let num = |mut j: usize| -> (String, usize) {
-            let mut n = String::new();
-            while j < c.len() && c[j].is_ascii_digit() {
-                n.push(c[j]);
-                j += 1;
-            }
-            (n, j)
-        };
-        let (a, mut j) = num(i);
-        while j < c.len() && c[j] == ' ' {
-            j += 1;
-        }
-        if j < c.len() && (c[j] == '*' || c[j] == '×') {
-            j += 1;
-            while j < c.len() && c[j] == ' ' {
-                j += 1;
-            }
-            let (b, _) = num(j);
-            if let (Ok(x), Ok(y)) = (a.parse::<u128>(), b.parse::<u128>())
-                && !b.is_empty()
-                && let Some(p) = x.checked_mul(y)
-            {
-                return Some((x, y, p));
-            }
-        }
-        i = j.max(i + 1);
-    }
-    None
-}
-
-fn schema_value(schema: &Value) -> Value {
-    if let Some(e) = schema["enum"].as_array().and_then(|e| e.first()) {
-        return e.clone();
-    }
-    let t = match &schema["type"] {
-        Value::Array(a) => a.first().and_then(Value::as_str).unwrap_or("string"),
-        Value::String(s) => s.as_str(),
-        _ => "string",
-    };
-    match t {
-        "integer" | "number" => json!(1),
-        "boolean" => json!(true),
-        "array" => json!([]),
-        "object" => {
-            let mut m = Map::new();
-            for r in schema["required"].as_array().into_iter().flatten() {
-                if let Some(r) = r.as_str() {
-                    m.insert(r.to_owned(), schema_value(&schema["properties"][r]));
-                }
-            }
-            Value::Object(m)
-        }
-        "null" => Value::Null,
-        _ => json!("stand-in"),
-    }
 }
 
 fn text_of(content: &Value, images: &mut Vec<ImageInfo>, vision: bool) -> Result<String, ApiError> {
@@ -546,12 +616,77 @@ fn cut(s: &str, max_bytes: usize) -> &str {
     &s[..n]
 }
 
-/// Understands a chat request: validation, the pool rule, thinking, tools, images and the
-/// deterministic answer.
+/// The prompt as the engine would see it: every message's role and text, the images, the
+/// last user message and the prompt-token count.
+struct Prompt {
+    text: String,
+    last_user: String,
+    images: Vec<ImageInfo>,
+    tokens: u64,
+    last_role: String,
+}
+
+fn read_prompt(cfg: &ServerConfig, messages: &[Value]) -> Result<Prompt, ApiError> {
+    let mut images = Vec::new();
+    let mut text = String::new();
+    let mut text_bytes = 0u64;
+    let mut last_user = String::new();
+    for m in messages {
+        let role = m["role"]
+            .as_str()
+            .ok_or_else(|| ApiError::bad("every message needs a role"))?;
+        let t = text_of(&m["content"], &mut images, cfg.vision)?;
+        text_bytes += t.len() as u64;
+        text.push_str(role);
+        text.push('\n');
+        text.push_str(&t);
+        text.push('\n');
+        for tc in m["tool_calls"].as_array().into_iter().flatten() {
+            let a = tc["function"]["arguments"].as_str().unwrap_or_default();
+            text_bytes += a.len() as u64;
+            text.push_str(a);
+        }
+        if role == "user" {
+            last_user = t;
+        }
+    }
+    let last_role = messages
+        .last()
+        .and_then(|m| m["role"].as_str())
+        .unwrap_or("")
+        .to_owned();
+    Ok(Prompt {
+        tokens: text_bytes.div_ceil(4).max(1) + 256 * images.len() as u64,
+        text,
+        last_user,
+        images,
+        last_role,
+    })
+}
+
+/// Array values as JSON strings (the `tool_args_string` fault).
+fn arrays_as_strings(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| match v {
+                    Value::Array(_) => (k, Value::String(v.to_string())),
+                    other => (k, arrays_as_strings(other)),
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// Understands a chat request: validation, the pool rule, thinking, tools, images, response
+/// formats, fault modes and the deterministic answer.
 ///
 /// # Errors
-/// 400 [`ApiError`]s: malformed request, `n` ≠ 1, bad images, `context_length_exceeded`.
+/// 400 [`ApiError`]s: malformed request, `n` ≠ 1, bad images, `context_length_exceeded`, an
+/// unsupported `response_format` (fault `no_json_schema`).
 pub fn plan_chat(cfg: &ServerConfig, body: &[u8]) -> Result<ChatPlan, ApiError> {
+    let faults = &cfg.faults;
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad(format!("the body is not JSON: {e}")))?;
     let messages = v["messages"]
@@ -565,23 +700,8 @@ pub fn plan_chat(cfg: &ServerConfig, body: &[u8]) -> Result<ChatPlan, ApiError> 
         .as_str()
         .filter(|m| cfg.served_ids.iter().any(|s| s == m))
         .map_or_else(|| cfg.served_ids[0].clone(), str::to_owned);
-    let mut images = Vec::new();
-    let mut text_bytes = 0u64;
-    let mut last_user = String::new();
-    for m in messages {
-        let role = m["role"]
-            .as_str()
-            .ok_or_else(|| ApiError::bad("every message needs a role"))?;
-        let t = text_of(&m["content"], &mut images, cfg.vision)?;
-        text_bytes += t.len() as u64;
-        for tc in m["tool_calls"].as_array().into_iter().flatten() {
-            text_bytes += tc["function"]["arguments"].as_str().map_or(0, str::len) as u64;
-        }
-        if role == "user" {
-            last_user = t;
-        }
-    }
-    let prompt_tokens = text_bytes.div_ceil(4).max(1) + 256 * images.len() as u64;
+    let prompt = read_prompt(cfg, messages)?;
+    let prompt_tokens = prompt.tokens;
     let max_tokens = match v
         .get("max_completion_tokens")
         .or_else(|| v.get("max_tokens"))
@@ -626,14 +746,35 @@ pub fn plan_chat(cfg: &ServerConfig, body: &[u8]) -> Result<ChatPlan, ApiError> 
     {
         thinking = b;
     }
-    let last_role = messages
-        .last()
-        .and_then(|m| m["role"].as_str())
-        .unwrap_or("");
+    let format = &v["response_format"];
+    let schema = match format["type"].as_str() {
+        None | Some("text") => None,
+        Some("json_schema" | "json_object") if faults.has(Fault::NoJsonSchema) => {
+            return Err(ApiError {
+                status: 400,
+                kind: "invalid_request_error",
+                code: "unsupported_response_format",
+                message:
+                    "response_format needs guided decoding, which this engine build does not have"
+                        .into(),
+            });
+        }
+        Some("json_schema") => Some(format["json_schema"]["schema"].clone()),
+        Some("json_object") => Some(json!({"type": "object"})),
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "response_format type {other:?} is not known"
+            )));
+        }
+    };
     let tools = v["tools"].as_array().filter(|t| !t.is_empty());
     let tool_choice = &v["tool_choice"];
     let tool = match tools {
-        Some(tools) if tool_choice.as_str() != Some("none") && last_role != "tool" => {
+        Some(tools)
+            if tool_choice.as_str() != Some("none")
+                && prompt.last_role != "tool"
+                && !faults.has(Fault::NoToolCall) =>
+        {
             let named = tool_choice["function"]["name"].as_str();
             let t = match named {
                 Some(n) => tools
@@ -651,54 +792,124 @@ pub fn plan_chat(cfg: &ServerConfig, body: &[u8]) -> Result<ChatPlan, ApiError> 
             if params.is_null() {
                 params = json!({"type": "object"});
             }
-            let args = schema_value(
+            let mut args = schema_value(
                 &json!({"type": "object", "required": params["required"], "properties": params["properties"]}),
+                &prompt.last_user,
             );
+            if faults.has(Fault::ToolArgsString) {
+                args = arrays_as_strings(args);
+            }
             Some((name.to_owned(), args.to_string()))
         }
         _ => None,
     };
-    let product = find_product(&last_user);
-    let mut reasoning = thinking.then(|| match (&tool, product) {
+    let rules = if faults.has(Fault::WrongAnswer) {
+        None
+    } else if faults.has(Fault::LostNeedle)
+        && find_needle(&prompt.last_user, &prompt.text).is_some()
+    {
+        Some((
+            "The text holds no passphrase that I can find.".to_owned(),
+            "I looked for a passphrase.".to_owned(),
+        ))
+    } else {
+        knowledge(&prompt.last_user, &prompt.text)
+    };
+    let mut reasoning = thinking.then(|| match (&tool, &rules) {
         (Some((n, _)), _) => format!("A tool is offered; I call {n}."),
-        (None, Some((a, b, p))) => format!("The user asks for {a}*{b}. {a}*{b} = {p}."),
+        (None, Some((_, why))) => why.clone(),
         (None, None) => "The stand-in answers with its fixed sentence.".to_owned(),
     });
-    let mut content = match (&tool, product) {
-        (Some(_), _) => None,
-        (None, Some((_, _, p))) => Some(p.to_string()),
-        (None, None) if !images.is_empty() => Some(format!(
-            "I received {} image(s): {}.",
-            images.len(),
-            images
-                .iter()
-                .map(|i| format!("{}x{} PNG ({} bytes)", i.width, i.height, i.bytes))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        (None, None) => Some("Hello from the TensorFold dsv41 engine stand-in.".to_owned()),
+    if faults.has(Fault::ThinkingLeak) && reasoning.is_none() {
+        reasoning = Some("I think about it even though thinking is off.".to_owned());
+    }
+    let mut content = match (&tool, &rules, &schema) {
+        (Some(_), _, _) => None,
+        (None, _, Some(_)) if faults.has(Fault::BadJsonSchema) => {
+            Some("ok: yes (not JSON)".to_owned())
+        }
+        (None, _, Some(s)) => Some(schema_value(s, &prompt.last_user).to_string()),
+        (None, Some((answer, _)), None) => Some(answer.clone()),
+        (None, None, None) if !prompt.images.is_empty() => Some(if faults.has(Fault::BadImage) {
+            String::new()
+        } else {
+            format!(
+                "I see {} image(s): {}.",
+                prompt.images.len(),
+                prompt
+                    .images
+                    .iter()
+                    .map(ImageInfo::describe)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }),
+        (None, None, None) => Some("Hello from the TensorFold dsv41 engine stand-in.".to_owned()),
     };
+    if faults.has(Fault::ThinkingLeak)
+        && let Some(r) = reasoning.take()
+    {
+        content = content.map(|c| format!("{r}</think>{c}"));
+        if content.is_none() {
+            reasoning = Some(r);
+        }
+    }
     let mut finish = if tool.is_some() { "tool_calls" } else { "stop" };
     // the reply budget: reasoning first, then content
     let budget = max_tokens;
-    let mut reasoning_tokens = reasoning.as_deref().map_or(0, tokens);
     if tool.is_none() {
-        if reasoning_tokens > budget {
+        let r_tokens = reasoning.as_deref().map_or(0, tokens);
+        if r_tokens > budget {
             reasoning = reasoning.map(|r| cut(&r, (budget * 4) as usize).to_owned());
-            reasoning_tokens = budget;
             content = Some(String::new());
             finish = "length";
-        } else if let Some(c) = &content {
-            let left = budget - reasoning_tokens;
+        } else if let Some(c) = &mut content {
+            let left = budget - r_tokens;
             if tokens(c) > left {
-                content = Some(cut(c, (left * 4) as usize).to_owned());
+                *c = cut(c, (left * 4) as usize).to_owned();
+                finish = "length";
+            } else if v["ignore_eos"].as_bool() == Some(true) && tokens(c) < left {
+                // pad to a whole token, then run on to the budget
+                while c.len() % 4 != 0 {
+                    c.push(' ');
+                }
+                let seed = u64::from_le_bytes(
+                    Sha256::digest(prompt.text.as_bytes())[..8]
+                        .try_into()
+                        .unwrap_or_default(),
+                );
+                let more = left - tokens(c);
+                c.push_str(&filler(more, seed));
                 finish = "length";
             }
         }
     }
-    let completion_tokens = reasoning_tokens
-        + content.as_deref().map_or(0, tokens)
-        + tool.as_ref().map_or(0, |(n, a)| tokens(n) + tokens(a));
+    let draft = cfg.drafts && v["draft"].as_bool() != Some(false);
+    let mut pieces = generate::pieces(
+        reasoning.as_deref(),
+        content.as_deref(),
+        tool.as_ref().map(|(n, a)| (n.as_str(), a.as_str())),
+    );
+    if draft
+        && faults.has(Fault::DraftMismatch)
+        && let Some(p) = pieces
+            .iter_mut()
+            .rev()
+            .find(|p| matches!(p, Piece::Content(_) | Piece::Reasoning(_)))
+    {
+        *p = match p {
+            Piece::Reasoning(_) => Piece::Reasoning("~~~~".into()),
+            _ => Piece::Content("~~~~".into()),
+        };
+    }
+    let reasoning_tokens = pieces
+        .iter()
+        .filter(|p| matches!(p, Piece::Reasoning(_)))
+        .count() as u64;
+    let cache_key = prompt
+        .images
+        .is_empty()
+        .then(|| Sha256::digest(prompt.text.as_bytes()).into());
     Ok(ChatPlan {
         model,
         stream: v["stream"].as_bool().unwrap_or(false),
@@ -708,46 +919,162 @@ pub fn plan_chat(cfg: &ServerConfig, body: &[u8]) -> Result<ChatPlan, ApiError> 
         prompt_tokens,
         max_tokens,
         thinking,
-        reasoning,
-        content,
         tool_call: tool,
-        images,
+        images: prompt.images,
         finish_reason: finish,
-        completion_tokens,
+        completion_tokens: pieces.len() as u64,
         reasoning_tokens,
+        pieces,
+        kind: classify(&prompt.last_user),
+        draft,
+        cache_key,
     })
 }
 
-fn usage(p: &ChatPlan) -> Value {
+/// `/tokenize`: `{"messages": [...]}` or `{"prompt": "..."}` → `{"count", "max_model_len",
+/// "tokens"}`, token 0 first (the BOS), counted like a chat prompt.
+///
+/// # Errors
+/// 400 [`ApiError`] for a body with neither field, or bad messages.
+pub fn tokenize(cfg: &ServerConfig, body: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad(format!("the body is not JSON: {e}")))?;
+    let (text, count) = if let Some(m) = v["messages"].as_array().filter(|m| !m.is_empty()) {
+        let p = read_prompt(cfg, m)?;
+        (p.text, p.tokens)
+    } else if let Some(p) = v["prompt"].as_str() {
+        (p.to_owned(), tokens(p).max(1))
+    } else {
+        return Err(ApiError::bad(
+            "tokenize needs messages (a non-empty list) or prompt (a string)",
+        ));
+    };
+    let ids: Vec<u64> = std::iter::once(0)
+        .chain(
+            generate::split4(&text)
+                .iter()
+                .chain(std::iter::repeat(&String::new()))
+                .map(|t| {
+                    let h = Sha256::digest(t.as_bytes());
+                    1 + u64::from(u32::from_le_bytes([h[0], h[1], h[2], h[3]])) % 129_279
+                }),
+        )
+        .take(usize::try_from(count).unwrap_or(usize::MAX))
+        .collect();
+    let reported = if cfg.faults.has(Fault::TokenizeMismatch) {
+        count + 1
+    } else {
+        count
+    };
+    Ok(json!({"count": reported, "max_model_len": cfg.pool, "tokens": ids}))
+}
+
+fn usage(p: &ChatPlan, cached: u64) -> Value {
     json!({
         "prompt_tokens": p.prompt_tokens,
         "completion_tokens": p.completion_tokens,
         "total_tokens": p.prompt_tokens + p.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
         "completion_tokens_details": {"reasoning_tokens": p.reasoning_tokens},
     })
 }
 
+fn sse_line(e: &Value) -> String {
+    format!("data: {e}\n\n")
+}
+
 fn sse(events: &[Value]) -> Response {
-    let mut text = String::new();
-    for e in events {
-        text.push_str("data: ");
-        text.push_str(&e.to_string());
-        text.push_str("\n\n");
-    }
+    let mut text: String = events.iter().map(sse_line).collect();
     text.push_str("data: [DONE]\n\n");
+    sse_response(Body::from(text))
+}
+
+fn sse_response(body: Body) -> Response {
     (
         StatusCode::OK,
         [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        Body::from(text),
+        body,
     )
         .into_response()
 }
 
-async fn chat(st: &AppState, body: &[u8]) -> Response {
+/// What every chunk and reply of one request shares.
+struct Reply {
+    id: String,
+    created: u64,
+    proof: Value,
+    cached: u64,
+}
+
+impl Reply {
+    fn chunk(&self, plan: &ChatPlan, delta: Value, finish: Value) -> Value {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": plan.model,
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
+               "split_proof": self.proof})
+    }
+
+    fn call_id(&self, plan: &ChatPlan) -> String {
+        let (name, args) = plan.tool_call.clone().unwrap_or_default();
+        format!(
+            "call_{}",
+            &hex::encode(Sha256::digest(format!("{name}{args}{}", self.id)))[..24]
+        )
+    }
+
+    /// The delta of one verify step's tokens.
+    fn delta(&self, plan: &ChatPlan, step: &[Piece]) -> Value {
+        let mut d = serde_json::Map::new();
+        let mut join = |key: &str, s: &str| {
+            let prev = d.get(key).and_then(Value::as_str).unwrap_or_default();
+            let joined = format!("{prev}{s}");
+            d.insert(key.to_owned(), json!(joined));
+        };
+        let mut head = false;
+        let mut args = String::new();
+        for p in step {
+            match p {
+                Piece::Reasoning(s) => join("reasoning_content", s),
+                Piece::Content(s) => join("content", s),
+                Piece::ToolName(_) => head = true,
+                Piece::ToolArgs(s) => args.push_str(s),
+            }
+        }
+        if head || !args.is_empty() {
+            let mut call = json!({"index": 0, "function": {"arguments": args}});
+            if head {
+                let name = plan.tool_call.as_ref().map(|t| t.0.clone());
+                call["id"] = json!(self.call_id(plan));
+                call["type"] = json!("function");
+                call["function"]["name"] = json!(name);
+            }
+            d.insert("tool_calls".into(), json!([call]));
+        }
+        Value::Object(d)
+    }
+
+    fn extras(&self, plan: &ChatPlan, t: &generate::Timing) -> Value {
+        json!({
+            "engine": "tensorfold-native stand-in",
+            "rank1": "followed",
+            "images": plan.images.iter().map(|i| json!({"bytes": i.bytes, "width": i.width, "height": i.height, "format": "png"})).collect::<Vec<_>>(),
+            "thinking": plan.thinking,
+            "prefill_s": (t.prefill_s * 1e6).round() / 1e6,
+            "token_sha": generate::token_sha(&plan.pieces),
+            "draft": plan.draft,
+            "kind": plan.kind.name(),
+        })
+    }
+}
+
+async fn chat(
+    st: &Arc<AppState>,
+    running: Running,
+    body: &[u8],
+    arrived: std::time::Instant,
+) -> Response {
     st.requests.fetch_add(1, Ordering::SeqCst);
     let fail = |e: ApiError| {
         st.failures.fetch_add(1, Ordering::SeqCst);
@@ -790,80 +1117,126 @@ async fn chat(st: &AppState, body: &[u8]) -> Response {
         }
         return err.response();
     }
-    let id = format!("chatcmpl-{}", &hex::encode(Sha256::digest(body))[..24]);
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let proof = st.cfg.proof.to_json();
-    let tool_calls = plan.tool_call.as_ref().map(|(name, args)| {
-        let cid = format!(
-            "call_{}",
-            &hex::encode(Sha256::digest(format!("{name}{args}{id}")))[..24]
-        );
-        json!([{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}])
+    let cached = plan.cache_key.map_or(0, |key| {
+        let mut c = st
+            .prompt_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if c.insert(key) {
+            0
+        } else {
+            plan.prompt_tokens.saturating_sub(1)
+        }
     });
-    let extras = json!({
-        "engine": "tensorfold-native stand-in",
-        "rank1": "followed",
-        "images": plan.images.iter().map(|i| json!({"bytes": i.bytes, "width": i.width, "height": i.height, "format": "png"})).collect::<Vec<_>>(),
-        "thinking": plan.thinking,
-    });
+    st.prompt_tokens
+        .fetch_add(plan.prompt_tokens, Ordering::SeqCst);
+    let reply = Reply {
+        id: format!("chatcmpl-{}", &hex::encode(Sha256::digest(body))[..24]),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        proof: st.cfg.proof.to_json(),
+        cached,
+    };
     if plan.stream {
-        let chunk = |delta: Value, finish: Value| {
-            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": plan.model,
-                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
-                   "split_proof": proof})
-        };
-        let mut ev = vec![chunk(
-            json!({"role": "assistant", "content": ""}),
-            Value::Null,
-        )];
-        if let Some(r) = &plan.reasoning {
-            for w in r.split_inclusive(' ') {
-                ev.push(chunk(json!({"reasoning_content": w}), Value::Null));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let st = st.clone();
+        tokio::spawn(async move {
+            let _running = running;
+            let send = |v: &Value| tx.send(sse_line(v)).is_ok();
+            if !send(&reply.chunk(
+                &plan,
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            )) {
+                return;
             }
-        }
-        if let Some(c) = &plan.content {
-            for w in c.split_inclusive(' ') {
-                ev.push(chunk(json!({"content": w}), Value::Null));
+            let timing = generate::run(run_of(&st, &plan, cached, arrived), &plan.pieces, |step| {
+                st.generated.fetch_add(step.len() as u64, Ordering::SeqCst);
+                send(&reply.chunk(&plan, reply.delta(&plan, step), Value::Null))
+            })
+            .await;
+            let Some(t) = timing else { return };
+            count_drafts(&st, &t);
+            let mut last = reply.chunk(&plan, json!({}), json!(plan.finish_reason));
+            last["tensorfold"] = reply.extras(&plan, &t);
+            last["speculative"] = json!({"drafted": t.drafted, "accepted": t.accepted});
+            send(&last);
+            if plan.include_usage {
+                send(
+                    &json!({"id": reply.id, "object": "chat.completion.chunk", "created": reply.created,
+                             "model": plan.model, "choices": [], "usage": usage(&plan, reply.cached),
+                             "split_proof": reply.proof}),
+                );
             }
-        }
-        if let Some(tc) = &tool_calls {
-            let mut tc = tc.clone();
-            tc[0]["index"] = json!(0);
-            ev.push(chunk(json!({"tool_calls": tc}), Value::Null));
-        }
-        let mut last = chunk(json!({}), json!(plan.finish_reason));
-        last["tensorfold"] = extras;
-        ev.push(last);
-        if plan.include_usage {
-            ev.push(json!({"id": id, "object": "chat.completion.chunk", "created": created,
-                           "model": plan.model, "choices": [], "usage": usage(&plan), "split_proof": proof}));
-        }
-        return sse(&ev);
+            let _ = tx.send("data: [DONE]\n\n".to_owned());
+        });
+        let body = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|s| (Ok::<_, std::convert::Infallible>(bytes::Bytes::from(s)), rx))
+        });
+        return sse_response(Body::from_stream(body));
     }
-    let mut message = json!({"role": "assistant", "content": plan.content});
-    if let Some(r) = &plan.reasoning {
+    let Some(t) = generate::run(run_of(st, &plan, cached, arrived), &plan.pieces, |step| {
+        st.generated.fetch_add(step.len() as u64, Ordering::SeqCst);
+        true
+    })
+    .await
+    else {
+        return fail(ApiError {
+            status: 500,
+            kind: "server_error",
+            code: "generation_stopped",
+            message: "the generation stopped".into(),
+        });
+    };
+    drop(running);
+    count_drafts(st, &t);
+    let mut message = json!({"role": "assistant", "content": plan.content()});
+    if let Some(r) = plan.reasoning() {
         message["reasoning_content"] = json!(r);
     }
-    if let Some(tc) = tool_calls {
-        message["tool_calls"] = tc;
+    if let Some((name, args)) = &plan.tool_call {
+        message["tool_calls"] = json!([{"id": reply.call_id(&plan), "type": "function",
+                                         "function": {"name": name, "arguments": args}}]);
     }
     json_response(
         StatusCode::OK,
         &json!({
-            "id": id,
+            "id": reply.id,
             "object": "chat.completion",
-            "created": created,
+            "created": reply.created,
             "model": plan.model,
             "choices": [{"index": 0, "message": message, "finish_reason": plan.finish_reason, "logprobs": null}],
-            "usage": usage(&plan),
+            "usage": usage(&plan, reply.cached),
             "exact_mode": true,
-            "tensorfold": extras,
-            "speculative": {"drafted": 0, "accepted": 0},
-            "split_proof": proof,
+            "tensorfold": reply.extras(&plan, &t),
+            "speculative": {"drafted": t.drafted, "accepted": t.accepted},
+            "split_proof": reply.proof,
         }),
     )
+}
+
+fn run_of<'a>(
+    st: &'a AppState,
+    plan: &ChatPlan,
+    cached: u64,
+    arrived: std::time::Instant,
+) -> Run<'a> {
+    Run {
+        perf: &st.cfg.perf,
+        decoding: &st.decoding,
+        uncached: plan.prompt_tokens - cached,
+        kind: plan.kind,
+        draft: plan.draft,
+        arrived,
+    }
+}
+
+fn count_drafts(st: &AppState, t: &generate::Timing) {
+    st.drafted.fetch_add(t.drafted, Ordering::SeqCst);
+    st.accepted.fetch_add(t.accepted, Ordering::SeqCst);
 }
 
 #[cfg(test)]
@@ -881,27 +1254,27 @@ mod tests {
             vision: true,
             parallel: 1,
             proof: ProofReport::failed("x"),
+            drafts: true,
+            perf: PerfModel::default(),
+            faults: Faults::default(),
         }
     }
 
     #[test]
     fn products_pool_rule_and_thinking() {
-        assert_eq!(find_product("what is 17*23?"), Some((17, 23, 391)));
-        assert_eq!(find_product("a 12 × 3 b"), Some((12, 3, 36)));
-        assert_eq!(find_product("no product 12 here"), None);
         let p = plan_chat(
             &cfg(),
             br#"{"messages":[{"role":"user","content":"17*23"}]}"#,
         )
         .unwrap();
-        assert_eq!(p.content.as_deref(), Some("391"));
-        assert!(p.reasoning.is_some());
+        assert_eq!(p.content().as_deref(), Some("391"));
+        assert!(p.reasoning().is_some());
         let p = plan_chat(
             &cfg(),
             br#"{"messages":[{"role":"user","content":"17*23"}],"reasoning_effort":"none"}"#,
         )
         .unwrap();
-        assert!(p.reasoning.is_none());
+        assert!(p.reasoning().is_none());
         // 1 + 2030 + 18 = 2049 -> 4096 fits; 1 + 4078 + 18 = 4097 -> 6144 does not
         assert!(
             plan_chat(
