@@ -5,6 +5,9 @@
 //! waits; rank 0 also computes 17*23 with bash arithmetic, which the profile's generation probe
 //! reads from its log. It needs no inputs, ships nothing to the workers and no engine files.
 
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

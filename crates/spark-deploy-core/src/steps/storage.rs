@@ -313,7 +313,7 @@ pub(crate) async fn verify_nfs_mounts(ctx: &Context, engine: &dyn Engine) -> Res
     for w in &plan.workers {
         if let Some((name, options)) = &w.nfs_volume {
             let spec = volume_spec(ctx, w, name, options)?;
-            let docker = ctx.docker(w.rank as usize).await?;
+            let docker = ctx.docker(w.rank).await?;
             verify_one(ctx, StepKind::BuildImage, docker, &spec).await?;
         }
     }
@@ -337,7 +337,7 @@ impl ConfigureWorkerStorage {
         let mut bytes = 0;
         let mut summary = Vec::new();
         for w in &self.workers {
-            let i = w.rank as usize;
+            let i = w.rank;
             if let Some((name, options)) = &w.nfs_volume {
                 nfs(ctx, i, w, name, options)
                     .await

@@ -56,6 +56,7 @@
 //!   by the engine).
 
 pub mod args;
+pub mod digest;
 pub mod inputs;
 pub mod link;
 pub mod opened;
@@ -208,6 +209,8 @@ struct Loaded {
     rank_file: RankFile,
     partials: Vec<Partial>,
     tensors: Vec<String>,
+    /// sha256 of the digested tensors' entries, by key (which weights were loaded).
+    digest: std::collections::BTreeMap<String, String>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -236,11 +239,16 @@ fn load(
         &rank_file,
     );
     let partials = split::rank_partials(&rank_file, rank, &tensors)?;
+    let digest = digest::digests(
+        &rank_file,
+        &digest::tensors_from_env(env.get(digest::DIGEST_ENV).map(String::as_str)),
+    )?;
     Ok(Loaded {
         cfg,
         rank_file,
         partials,
         tensors,
+        digest,
     })
 }
 
@@ -272,13 +280,14 @@ fn run_rank1(
     )?;
     let _ = writeln!(
         out,
-        "{{\"rank\": {}, \"loaded_s\": {}, \"pool\": {}, \"drafts\": {}, \"arena_used\": {}, \"opened\": {}}}",
+        "{{\"rank\": {}, \"loaded_s\": {}, \"pool\": {}, \"drafts\": {}, \"arena_used\": {}, \"opened\": {}, \"digest\": {}}}",
         a.rank,
         secs(start),
         a.pool,
         u8::from(a.drafts),
         l.rank_file.data_len,
-        serde_json::to_string(&opened::opened()).unwrap_or_else(|_| "[]".to_owned())
+        serde_json::to_string(&opened::opened()).unwrap_or_else(|_| "[]".to_owned()),
+        serde_json::to_string(&l.digest).unwrap_or_else(|_| "{}".to_owned())
     );
     let _ = out.flush();
     let timeout = env
@@ -406,8 +415,11 @@ async fn rank0_async(
     // printed once SIGTERM is handled, so a stop right after this line is a clean exit 0
     let _ = writeln!(
         out,
-        "{{\"rank\": 0, \"loaded_s\": {loaded_s}, \"pool\": {}, \"rendezvous\": \"{}:{}\"}}",
-        a.context, a.env.master, a.env.port
+        "{{\"rank\": 0, \"loaded_s\": {loaded_s}, \"pool\": {}, \"rendezvous\": \"{}:{}\", \"digest\": {}}}",
+        a.context,
+        a.env.master,
+        a.env.port,
+        serde_json::to_string(&l.digest).unwrap_or_else(|_| "{}".to_owned())
     );
     let _ = out.flush();
     // the engine waits for rank 1 with no timeout; a stop while waiting ends the process cleanly

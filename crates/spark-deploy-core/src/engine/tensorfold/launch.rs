@@ -94,7 +94,7 @@ fn base_spec(
     env: BTreeMap<String, String>,
 ) -> ContainerSpec {
     let c = config.config();
-    let node = &c.nodes[rank as usize];
+    let node = &c.nodes[rank];
     let layout = NodeLayout::of(config, node);
     let mut mounts = vec![
         Mount {
@@ -265,7 +265,7 @@ fn follower(
     rank: usize,
 ) -> ContainerSpec {
     let c = config.config();
-    let f = &facts.nodes[rank as usize];
+    let f = &facts.nodes[rank];
     let mut env = shared.common_env.clone();
     fabric_env(f, &mut env);
     let mut argv: Vec<String> = vec![
