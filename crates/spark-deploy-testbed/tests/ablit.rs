@@ -321,7 +321,18 @@ async fn scenario(info: &spark_deploy_testbed::cluster::TestbedInfo, home: &Path
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn testbed_ablit_serves_the_overlay_switches_back_and_refuses_a_mixed_start() {
     on_testbed(|info, home| async move {
-        let r = scenario(&info, &home).await;
+        // A failed assertion becomes the scenario's error, so the testbed still comes down.
+        let r =
+            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(scenario(&info, &home)))
+                .await
+                .unwrap_or_else(|p| {
+                    Err(p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_else(|| "the scenario panicked".to_owned())
+                        .into())
+                });
         let _ = std::process::Command::new("sh")
             .args([
                 "-c",
