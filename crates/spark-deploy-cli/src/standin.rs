@@ -12,24 +12,10 @@ use spark_deploy_testbed::standin;
 
 /// Runs the stand-in when `argv[0]` names an engine binary; `None` otherwise.
 pub(crate) fn dispatch() -> Option<ExitCode> {
-    let argv: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let name = Path::new(argv.first()?).file_name()?.to_string_lossy();
-    if !standin::is_engine_name(&name) {
-        return None;
-    }
-    let env = std::env::vars_os()
-        .map(|(k, v)| {
-            (
-                k.to_string_lossy().into_owned(),
-                v.to_string_lossy().into_owned(),
-            )
-        })
-        .collect();
-    let mut out = std::io::stdout();
-    let mut err = std::io::stderr();
-    Some(ExitCode::from(standin::run(
-        &argv, &env, &mut out, &mut err,
-    )))
+    let argv0 = std::env::args_os().next()?;
+    let name = Path::new(&argv0)
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    standin::is_engine_name(&name).then(|| ExitCode::from(standin::run_process()))
 }

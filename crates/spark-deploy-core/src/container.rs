@@ -52,6 +52,8 @@ pub struct ContainerSpec {
     pub ipc_mode: String,
     /// GPU device request (`--gpus all`).
     pub gpus: String,
+    /// The container runtime (`--runtime`; `engine.runtime`).
+    pub runtime: String,
     /// Host devices passed through.
     pub devices: Vec<String>,
     /// Resource limits.

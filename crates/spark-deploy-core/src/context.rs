@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::{OnceCell, watch};
 
@@ -86,25 +85,20 @@ impl StepFailure {
     }
 }
 
-/// The node target a config entry describes (`~` already expanded by validation).
+/// The node target a config entry describes (`~` already expanded by validation): unset SSH
+/// settings are left to ssh, which reads `<home>/.ssh/config`.
 #[must_use]
 pub fn node_target(node: &NodeConfig, home: &std::path::Path) -> NodeTarget {
     if node.is_local() {
         return NodeTarget::Local;
     }
-    let or = |p: &str, default: &str| {
-        if p.is_empty() {
-            home.join(default)
-        } else {
-            PathBuf::from(p)
-        }
-    };
+    let set = |p: &str| (!p.is_empty()).then(|| PathBuf::from(p));
     NodeTarget::Ssh(SshTarget {
-        destination: node.ssh.clone(),
         port: node.ssh_port,
-        identity_file: or(&node.identity_file, ".ssh/id_ed25519"),
-        known_hosts: or(&node.known_hosts, ".ssh/known_hosts"),
-        connect_timeout: Duration::from_secs(10),
+        identity_file: set(&node.identity_file),
+        known_hosts: set(&node.known_hosts),
+        home: Some(home.to_owned()),
+        ..SshTarget::new(node.ssh.clone())
     })
 }
 

@@ -66,7 +66,7 @@ impl DeploymentFacts {
     pub fn placeholders(config: &ValidatedConfig) -> Self {
         let c = config.config();
         let rev = &c.model.revision;
-        let model_commit = if is_commit(rev) {
+        let model_commit = if crate::commit::is_commit_id(rev) {
             rev.clone()
         } else {
             format!("<commit of {rev} of {}, resolved at fetch>", c.model.id)

@@ -14,7 +14,8 @@
 //! `scripts/check-layers`, which CI runs):
 //!
 //! 0. [`secret`], [`container`], [`event`], [`causes`] — vocabulary every layer may use.
-//! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the engine's data
+//! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the shared [`digest`],
+//!    [`backoff`], [`commit`] and [`safetensors_header`] helpers, the engine's data
 //!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
 //!    files (`lifecycle::{lock, api_key, logs}`).
 //! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
@@ -30,11 +31,14 @@
 
 #![warn(missing_docs)]
 
+pub mod backoff;
 pub mod causes;
+pub mod commit;
 pub mod config;
 pub mod container;
 pub mod context;
 pub mod describe;
+pub mod digest;
 pub mod engine;
 pub mod error;
 pub mod event;
@@ -46,6 +50,7 @@ pub mod plan;
 pub mod ports;
 pub mod preflight;
 pub mod run;
+pub mod safetensors_header;
 pub mod secret;
 pub mod steps;
 pub mod transfer;

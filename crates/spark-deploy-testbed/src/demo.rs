@@ -131,6 +131,5 @@ pub async fn prepare_with_engine(
     config.model.ablit_id = ABLIT.into();
     config.model.ablit_revision = hub.commit(ABLIT).ok_or("overlay commit")?;
     crate::engine::prepare(&mut config, home, standin).await?;
-    crate::host_facts::install(&config, home).await?;
     Ok((hub, config))
 }

@@ -19,7 +19,6 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
     let mut c = DeploymentConfig::default();
     c.deployment.name = "sd-testbed".into();
     c.engine.shape_guard = false;
-    c.deployment.testbed = true;
     c.deployment.worker_storage = WorkerStorage::Copy;
     let head_dir = info.state_dir.join("head");
     c.deployment.state_dir = head_dir.join("state").display().to_string();
@@ -36,7 +35,7 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
     let mut nodes = vec![head];
     for w in &info.workers {
         let mut n = NodeConfig::worker(&w.name, &w.ssh_destination);
-        n.ssh_port = w.ssh_port;
+        n.ssh_port = Some(w.ssh_port);
         n.identity_file = w.identity_file.display().to_string();
         n.known_hosts = w.known_hosts.display().to_string();
         n.fabric_addr = Some(w.fabric_addr);
@@ -47,5 +46,6 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
         nodes.push(n);
     }
     c.nodes = nodes;
+    crate::host_facts::configure(info, &mut c);
     c
 }

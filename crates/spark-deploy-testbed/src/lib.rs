@@ -7,4 +7,5 @@ pub mod deployment;
 pub mod engine;
 pub mod host_facts;
 pub mod hub_server;
+pub mod ssh_agent;
 pub mod standin;

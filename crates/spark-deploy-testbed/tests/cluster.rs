@@ -229,7 +229,7 @@ async fn exec_port_on_worker(info: &TestbedInfo) -> R {
     // A wrong known_hosts makes the port refuse to connect.
     let empty = tempfile::NamedTempFile::new()?;
     let mut target = w.ssh_target();
-    target.known_hosts = empty.path().to_owned();
+    target.known_hosts = Some(empty.path().to_owned());
     let err = Exec::connect("worker-1", &NodeTarget::Ssh(target))
         .await
         .expect_err("connect with an empty known_hosts must fail");

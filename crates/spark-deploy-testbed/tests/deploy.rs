@@ -13,6 +13,7 @@ use std::sync::Arc;
 use spark_deploy_core::config::validate;
 use spark_deploy_core::event::{Event, Recorder, Source};
 use spark_deploy_core::plan::{Plan, StepKind};
+use spark_deploy_core::preflight::report::{Check, Verdict};
 use spark_deploy_core::run::Context;
 use spark_deploy_core::run::StepStatus;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
@@ -99,11 +100,15 @@ async fn opened_is_shipped(ctx: &Context, v: &spark_deploy_core::config::Validat
         missing.is_empty(),
         "rank 1 opened files that were not shipped: {missing:?}"
     );
+    // In doubt, so shipped: the chat template and the index (small), the kit's rope.json (the
+    // tables' metadata) and the vision tower's cubin; spark-deploy reads the kit's MANIFEST on the
+    // worker for the fingerprint.
     let in_doubt = [
         "tokenizer_config.json",
         "model.safetensors.index.json",
-        "MANIFEST",
+        "rope.json",
         "torch_fmha_sm120.cubin",
+        "MANIFEST",
     ];
     let extra: Vec<_> = shipped
         .difference(&opened)
@@ -192,31 +197,34 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
     // them on the worker (the kit's MANIFEST for the fingerprint).
     opened_is_shipped(&ctx, &v).await?;
 
-    // Preflight decided the GPU and RoCE checks on the nodes' fixtures, said so, and handed the
-    // GID index it found in the (fixture) sysfs of each node to that node's rank.
+    // Preflight decided the GPU and RoCE checks on the facts each node presents (its
+    // nvidia-smi, its sysfs tree), the budget on the checkpoint's real size, and handed the GID
+    // index it found in each node's sysfs to that node's rank.
     let table = ctx.preflight_report().ok_or("preflight report")?;
     for node in ["head", "worker-1"] {
-        for check in ["gpu", "gpu.processes", "fabric.roce"] {
-            let r = table
+        let row = |check: Check| {
+            table
                 .results
                 .iter()
                 .find(|r| r.check == check && r.node == node)
-                .ok_or_else(|| format!("no {check} row for {node}: {table:#?}"))?;
-            assert!(r.observed.starts_with("[testbed fixture "), "{r:?}");
-        }
+                .ok_or_else(|| format!("no {check} row for {node}: {table:#?}"))
+        };
+        assert_eq!(row(Check::Gpu)?.observed, "2 × NVIDIA H200");
+        assert!(
+            table.results.iter().any(|r| r.check == Check::FabricRoce
+                && r.node == node
+                && r.observed.starts_with("rocep1s0f1 ACTIVE")),
+            "{node}"
+        );
+        assert_eq!(row(Check::DockerRuntime)?.verdict, Verdict::Ok);
+        assert_eq!(row(Check::MemoryBudget)?.verdict, Verdict::Ok);
         for check in [
-            "docker.gpu",
-            "gpu.containers",
-            "fabric.addr",
-            "memory.available",
+            Check::GpuProcesses,
+            Check::GpuContainers,
+            Check::FabricAddr,
+            Check::MemoryAvailable,
         ] {
-            assert!(
-                table
-                    .results
-                    .iter()
-                    .any(|r| r.check == check && r.node == node),
-                "no {check} row for {node}"
-            );
+            row(check)?;
         }
     }
     for rank in 0..2 {

@@ -84,6 +84,7 @@ impl Engine for BashPair {
                     mounts: Vec::new(),
                     network_mode: node.network_mode.clone(),
                     ipc_mode: "private".into(),
+                    runtime: c.engine.runtime.clone(),
                     gpus: "none".into(),
                     devices: Vec::new(),
                     ulimits: Vec::new(),

@@ -60,7 +60,6 @@ async fn ablit_overlay_gated_and_separate_and_verify_only_catches_a_flipped_byte
     .unwrap();
 
     let mut c = DeploymentConfig::default();
-    c.deployment.testbed = true;
     c.deployment.state_dir = d.path().join("state").display().to_string();
     c.hub.endpoint = hub.endpoint();
     c.hub.cache = d.path().join("hf").display().to_string();
@@ -173,7 +172,6 @@ async fn bias_vl_is_fetched_by_byte_range_when_the_kit_lacks_it() {
     )
     .unwrap();
     let mut c = DeploymentConfig::default();
-    c.deployment.testbed = true;
     c.deployment.state_dir = d.path().join("state").display().to_string();
     c.hub.endpoint = hub.endpoint();
     c.hub.cache = d.path().join("hf").display().to_string();

@@ -5,29 +5,36 @@
 //! - the peer reachable only over the management network (the testbed's second network),
 //! - an MTU mismatch (the worker's fabric netdev set to 1400 inside its network namespace),
 //! - `MemAvailable` below the floor (the floor set above this machine's memory),
+//! - a rank's weights larger than this machine (a sparse 24 GiB rank file on the head),
 //! - the API port in use on the head,
 //! - worker SSH refused (wrong port) and an unknown host key (empty known_hosts),
-//! - and, on the fixture inputs the testbed's GPU and RoCE checks read through the Exec port:
-//!   clock caps that differ, a GID table without a RoCE v2 IPv4 entry, a second rail down.
+//! - ranks meant to run under the NVIDIA runtime, which the testbed's daemon does not have,
+//! - a worker without `nvidia-smi`,
+//! - and, on the GPU and RoCE facts the testbed's hosts present (their `nvidia-smi` and sysfs
+//!   tree, read through the Exec port as on a Spark): clock caps that differ, a GID table without
+//!   a RoCE v2 IPv4 entry, a second rail down.
 //!
-//! The unit tests of `preflight::decide` cover the same cases (and the disk need, which this
-//! machine's disk cannot be made to fail honestly) on built facts.
+//! The memory budget is decided on the test-scale checkpoint's real size, as the testbed hub
+//! lists it. The unit tests of `preflight::decide` cover the same cases (and the disk need, which
+//! this machine's disk cannot be made to fail honestly) on built facts.
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use spark_deploy_core::config::{DeploymentConfig, validate};
 use spark_deploy_core::event::Recorder;
 use spark_deploy_core::plan::{Plan, Step};
-use spark_deploy_core::preflight::fixture::{Rail, TESTBED_DIR, write_tree};
-use spark_deploy_core::preflight::report::{CheckResult, PreflightReport, Verdict};
+use spark_deploy_core::preflight::report::{Check, CheckResult, PreflightReport, Verdict};
 use spark_deploy_core::run::Context;
 use spark_deploy_core::steps::Preflight;
 use spark_deploy_testbed::cluster::TestbedInfo;
+use spark_deploy_testbed::cluster::worker::docker_exec;
+use spark_deploy_testbed::demo::{MODEL, hub_tree};
+use spark_deploy_testbed::host_facts::{self, CLOCK_FILE, Rail, write_tree};
+use spark_deploy_testbed::hub_server::{HubOptions, HubServer};
 
 mod common;
 
@@ -44,7 +51,7 @@ async fn preflight(config: &DeploymentConfig, home: &Path) -> R<(bool, Preflight
     Ok((passed, ctx.preflight_report().ok_or("no preflight table")?))
 }
 
-fn row<'a>(t: &'a PreflightReport, check: &str, node: &str) -> R<&'a CheckResult> {
+fn row<'a>(t: &'a PreflightReport, check: Check, node: &str) -> R<&'a CheckResult> {
     Ok(t.results
         .iter()
         .find(|r| r.check == check && r.node == node)
@@ -52,7 +59,7 @@ fn row<'a>(t: &'a PreflightReport, check: &str, node: &str) -> R<&'a CheckResult
 }
 
 /// Asserts `check` on `node` failed and its remedy mentions `remedy`.
-fn failed(t: &PreflightReport, check: &str, node: &str, remedy: &str) -> R<()> {
+fn failed(t: &PreflightReport, check: Check, node: &str, remedy: &str) -> R<()> {
     let r = row(t, check, node)?;
     assert_eq!(
         r.verdict,
@@ -87,14 +94,113 @@ fn worker_ip(info: &TestbedInfo, args: &str) -> R<String> {
     sh(&format!("nsenter -t {pid} -n ip {args}"))
 }
 
-async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
-    let good = spark_deploy_testbed::deployment::deployment_config(info);
-    spark_deploy_testbed::host_facts::install(&good, home).await?;
+/// Runs `argv` in the worker container (not over SSH); fails on a non-zero exit.
+async fn in_worker(info: &TestbedInfo, argv: &[&str]) -> R<()> {
+    let (code, out) = docker_exec(&info.head_docker()?, &info.workers[0].container, argv).await?;
+    if code != 0 {
+        return Err(format!("{argv:?} in the worker: {out}").into());
+    }
+    Ok(())
+}
 
-    // The healthy testbed passes, every check reported.
+/// The testbed's config, fetching the test-scale checkpoint from a hub on loopback.
+async fn config_with_hub(info: &TestbedInfo) -> R<(HubServer, DeploymentConfig)> {
+    let repos = info.state_dir.join("hub-repos");
+    let r = repos.clone();
+    tokio::task::spawn_blocking(move || hub_tree(&r, 5)).await??;
+    let hub = HubServer::start(&repos, "127.0.0.1:0".parse()?, HubOptions::default())?;
+    let mut c = spark_deploy_testbed::deployment::deployment_config(info);
+    c.hub.endpoint = hub.endpoint();
+    c.model.id = MODEL.into();
+    c.model.revision = hub.commit(MODEL).ok_or("model commit")?;
+    Ok((hub, c))
+}
+
+async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
+    let (_hub, good) = config_with_hub(info).await?;
+
+    // The healthy testbed passes, every check decided on what the hosts present.
     let (passed, t) = preflight(&good, home).await?;
     assert!(passed, "{}", t.to_table());
-    assert_eq!(row(&t, "ssh", "worker-1")?.verdict, Verdict::Ok);
+    assert_eq!(row(&t, Check::Ssh, "worker-1")?.verdict, Verdict::Ok);
+    for node in ["head", "worker-1"] {
+        // The nodes' nvidia-smi reports the captured host's two H200s: not a Spark's GB10.
+        let gpu = row(&t, Check::Gpu, node)?;
+        assert_eq!(
+            (gpu.verdict, gpu.observed.as_str()),
+            (Verdict::Warn, "2 × NVIDIA H200"),
+            "{node}"
+        );
+        assert_eq!(row(&t, Check::GpuProcesses, node)?.verdict, Verdict::Ok);
+        // The ranks run under runc, which the daemon has; it has no NVIDIA runtime, so the
+        // GPUs the driver lists are not handed to the ranks, and the table says so.
+        let rt: Vec<&CheckResult> = t
+            .results
+            .iter()
+            .filter(|r| r.check == Check::DockerRuntime && r.node == node)
+            .collect();
+        assert_eq!(rt[0].verdict, Verdict::Ok, "{rt:?}");
+        assert!(rt[0].observed.starts_with("ranks use runc;"), "{rt:?}");
+        assert!(
+            rt.iter().any(|r| r.verdict == Verdict::Warn
+                && r.observed.contains("no GPU device request")),
+            "{rt:?}"
+        );
+        // The budget is the checkpoint's real size split over the ranks.
+        let budget = row(&t, Check::MemoryBudget, node)?;
+        assert_eq!(budget.verdict, Verdict::Ok, "{budget:?}");
+        assert!(
+            budget.observed.contains("(checkpoint at the Hub / ranks)"),
+            "{budget:?}"
+        );
+        // One rail, at the bridge's MTU of 1500: warnings with their remedies, then the pass.
+        assert!(
+            t.results.iter().any(|r| r.check == Check::FabricRoce
+                && r.node == node
+                && r.verdict == Verdict::Ok
+                && r.observed == "rocep1s0f1 ACTIVE, RoCE v2 GID index 3"),
+            "{}",
+            t.to_table()
+        );
+    }
+    assert_eq!(row(&t, Check::GpuClocks, "all")?.verdict, Verdict::Warn);
+
+    // Ranks meant for the NVIDIA runtime: the testbed's daemon really has none.
+    let mut c = good.clone();
+    c.engine.runtime = "nvidia".into();
+    let (passed, t) = preflight(&c, home).await?;
+    assert!(!passed);
+    failed(
+        &t,
+        Check::DockerRuntime,
+        "head",
+        "nvidia-ctk runtime configure",
+    )?;
+    failed(
+        &t,
+        Check::DockerRuntime,
+        "worker-1",
+        "nvidia-ctk runtime configure",
+    )?;
+
+    // A worker without nvidia-smi.
+    let smi = host_facts::facts_dir(info, 1).join("bin/nvidia-smi");
+    in_worker(info, &["rm", "/usr/local/bin/nvidia-smi"]).await?;
+    let result = preflight(&good, home).await;
+    in_worker(
+        info,
+        &[
+            "ln",
+            "-s",
+            &smi.display().to_string(),
+            "/usr/local/bin/nvidia-smi",
+        ],
+    )
+    .await?;
+    let (passed, t) = result?;
+    assert!(!passed);
+    failed(&t, Check::Gpu, "worker-1", "install the NVIDIA driver")?;
+    assert_eq!(row(&t, Check::Gpu, "head")?.verdict, Verdict::Warn);
 
     // Peer reachable only over the management network: the worker's "fabric" address is its
     // management one, so the head's route to it leaves from the management bridge.
@@ -104,12 +210,13 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     assert!(!passed);
     failed(
         &t,
-        "fabric.addr",
+        Check::FabricAddr,
         "head",
         "must be configured on the ConnectX-7 netdev",
     )?;
 
-    // MTU mismatch: the worker's fabric netdev at 1400, the head's bridge at 1500.
+    // MTU mismatch: the worker's fabric netdev at 1400, the head's bridge at 1500 (the hosts'
+    // sysfs trees show their real netdevs' MTU).
     let route = worker_ip(info, &format!("-o -4 route get {}", info.head_fabric_addr))?;
     let dev = route
         .split_whitespace()
@@ -122,93 +229,105 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     worker_ip(info, &format!("link set {dev} mtu 1500"))?;
     let (passed, t) = result?;
     assert!(!passed);
-    failed(&t, "fabric.mtu", "all", "mtu 1500")?;
+    failed(&t, Check::FabricMtu, "all", "mtu 1500")?;
 
     // MemAvailable below a floor above this machine's memory.
     let mut c = good.clone();
     c.lifecycle.min_avail_gib = 128; // the largest valid floor; this machine has 24 GiB
     let (passed, t) = preflight(&c, home).await?;
     assert!(!passed);
-    failed(&t, "memory.available", "head", "")?;
-    failed(&t, "memory.available", "worker-1", "")?;
+    failed(&t, Check::MemoryAvailable, "head", "drop_caches")?;
+    failed(&t, Check::MemoryAvailable, "worker-1", "drop_caches")?;
+
+    // Rank weights larger than this machine: a rank file of 24 GiB on the head (sparse: its size
+    // is what the engine counts, not its blocks) leaves no CONTEXT that fits.
+    let v = validate(good.clone(), home)?;
+    let rank_cache =
+        Path::new(&spark_deploy_core::layout::NodeLayout::of(&v, &v.config().nodes[0]).inputs_dir)
+            .join("rank-cache");
+    std::fs::create_dir_all(&rank_cache)?;
+    let big = rank_cache.join("rank0of2-0123456789abcdef0123.bin");
+    std::fs::File::create(&big)?.set_len(24 << 30)?;
+    let result = preflight(&good, home).await;
+    std::fs::remove_file(&big)?;
+    let (passed, t) = result?;
+    assert!(!passed);
+    failed(&t, Check::MemoryBudget, "head", "no CONTEXT fits")?;
+    assert!(
+        row(&t, Check::MemoryBudget, "head")?
+            .observed
+            .starts_with("weights 24.0 (rank file)"),
+        "{}",
+        t.to_table()
+    );
+    assert_eq!(
+        row(&t, Check::MemoryBudget, "worker-1")?.verdict,
+        Verdict::Ok
+    );
 
     // The API port in use on the head.
     let listener = std::net::TcpListener::bind(("0.0.0.0", good.serving.port))?;
     let (passed, t) = preflight(&good, home).await?;
     drop(listener);
     assert!(!passed);
-    failed(&t, "port.api", "head", "serving.port")?;
+    failed(&t, Check::PortApi, "head", "serving.port")?;
 
     // Worker SSH refused, then an unknown host key.
     let mut c = good.clone();
-    c.nodes[1].ssh_port = 1;
+    c.nodes[1].ssh_port = Some(1);
     let (passed, t) = preflight(&c, home).await?;
     assert!(!passed);
-    let r = row(&t, "ssh", "worker-1")?;
-    assert_eq!(r.verdict, Verdict::Fail);
-    assert!(r.remedy.as_deref().unwrap_or("").contains("sshd"), "{r:?}");
+    failed(&t, Check::Ssh, "worker-1", "sshd")?;
     let empty = info.state_dir.join("empty_known_hosts");
     std::fs::write(&empty, "")?;
     let mut c = good.clone();
     c.nodes[1].known_hosts = empty.display().to_string();
     let (passed, t) = preflight(&c, home).await?;
     assert!(!passed);
-    failed(&t, "ssh", "worker-1", "ssh-keyscan")?;
+    failed(&t, Check::Ssh, "worker-1", "ssh-keyscan")?;
 
-    // The fixture inputs, broken on the worker: preflight reads them through SSH like the real
-    // nvidia-smi and /sys, and fails with the remedies a Spark owner would get.
-    let facts = PathBuf::from(&good.nodes[1].data_dir).join(TESTBED_DIR);
-    let clock = facts.join("nvidia-smi-q-clock.txt");
+    // The worker's GPU facts changed: its nvidia-smi reports lower clock caps.
+    let clock = host_facts::facts_dir(info, 1).join(CLOCK_FILE);
     let original = std::fs::read_to_string(&clock)?;
     std::fs::write(&clock, original.replace(": 1980 MHz", ": 1500 MHz"))?;
     let result = preflight(&good, home).await;
     std::fs::write(&clock, &original)?;
     let (passed, t) = result?;
     assert!(!passed);
-    failed(&t, "gpu.clocks", "all", "nvidia-smi -lgc 1500,1500")?;
-    assert!(
-        row(&t, "gpu.clocks", "all")?
-            .observed
-            .starts_with("[testbed fixture ")
-    );
+    failed(&t, Check::GpuClocks, "all", "nvidia-smi -lgc 1500,1500")?;
 
-    let worker_addr: Ipv4Addr = info.workers[0].fabric_addr;
-    let mtu: u32 = worker_ip(info, &format!("-o link show {dev}"))?
-        .split_whitespace()
-        .skip_while(|w| *w != "mtu")
-        .nth(1)
-        .ok_or("mtu")?
-        .parse()?;
-    let rail = |hca, netdev, state, v2| Rail {
+    // The worker's RoCE facts changed.
+    let sys = host_facts::sysfs_root(info, 1);
+    let worker_addr = info.workers[0].fabric_addr;
+    let rail = |hca, state, v2| Rail {
         hca,
-        netdev,
+        netdev: &dev,
         state,
         v2,
-        mtu,
-    };
-    let rebuild = |rails: &[Rail<'_>]| -> R<()> {
-        let _ = std::fs::remove_dir_all(facts.join("sys"));
-        write_tree(&facts, worker_addr, rails)?;
-        Ok(())
     };
     // A GID table without a RoCE v2 IPv4 entry.
-    rebuild(&[rail("rocep1s0f1", &dev, "4: ACTIVE", false)])?;
+    write_tree(&sys, worker_addr, &[rail("rocep1s0f1", "4: ACTIVE", false)])?;
     let (passed, t) = preflight(&good, home).await?;
     assert!(!passed);
-    let r = row(&t, "fabric.roce", "worker-1")?;
-    assert_eq!(r.verdict, Verdict::Fail, "{}", t.to_table());
-    assert!(r.observed.starts_with("[testbed fixture "), "{r:?}");
+    failed(&t, Check::FabricRoce, "worker-1", "RoCE v1")?;
     // A second rail down.
-    rebuild(&[
-        rail("rocep1s0f1", &dev, "4: ACTIVE", true),
-        rail("roceP2p1s0f1", &dev, "1: DOWN", true),
-    ])?;
+    write_tree(
+        &sys,
+        worker_addr,
+        &[
+            rail("rocep1s0f1", "4: ACTIVE", true),
+            rail("roceP2p1s0f1", "1: DOWN", true),
+        ],
+    )?;
     let (passed, t) = preflight(&good, home).await?;
     assert!(!passed);
-    let r = row(&t, "fabric.roce", "worker-1")?;
-    assert_eq!(r.verdict, Verdict::Fail, "{}", t.to_table());
-    assert!(r.observed.contains("roceP2p1s0f1"), "{r:?}");
-    rebuild(&[rail("rocep1s0f1", &dev, "4: ACTIVE", true)])?;
+    failed(
+        &t,
+        Check::FabricRoce,
+        "worker-1",
+        "ibv_devinfo -d roceP2p1s0f1",
+    )?;
+    write_tree(&sys, worker_addr, &[rail("rocep1s0f1", "4: ACTIVE", true)])?;
     let (passed, t) = preflight(&good, home).await?;
     assert!(passed, "{}", t.to_table());
     Ok(())

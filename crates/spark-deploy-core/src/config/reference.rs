@@ -142,11 +142,13 @@ mod tests {
     fn every_schema_key_is_documented_and_nothing_else() {
         let mut full = DeploymentConfig::default();
         let mut node = NodeConfig::worker("w", "h");
+        node.ssh_port = Some(22);
         node.identity_file = "x".into();
         node.known_hosts = "x".into();
         node.fabric_addr = Some(std::net::Ipv4Addr::new(198, 18, 0, 2));
         node.hf_cache = "x".into();
         node.image = "x".into();
+        node.path = vec!["/x".into()];
         full.nodes.push(node);
         full.engine
             .switches

@@ -81,9 +81,6 @@ pub struct DeploymentSection {
     pub worker_storage: WorkerStorage,
     /// Local state: lock, API key, recorded revisions (`~` is the head's home).
     pub state_dir: String,
-    /// The nodes are the spark-deploy testbed: no GPU, RDMA or NVIDIA runtime is required and the
-    /// engine binaries are the stand-in.
-    pub testbed: bool,
 }
 
 impl Default for DeploymentSection {
@@ -93,7 +90,6 @@ impl Default for DeploymentSection {
             engine: EngineProfileName::TensorfoldDsv41,
             worker_storage: WorkerStorage::Nfs,
             state_dir: "~/.local/state/spark-deploy".into(),
-            testbed: false,
         }
     }
 }
@@ -265,6 +261,9 @@ pub struct EngineSection {
     pub commit: String,
     /// Rendezvous TCP port on the head's fabric address (`TF_TP_PORT`).
     pub rendezvous_port: u16,
+    /// The container runtime both ranks run under (`--runtime`); preflight checks that every
+    /// node's Docker daemon has it registered.
+    pub runtime: String,
     /// `TF_DS_REPLAY_FLOOR=1` on both ranks.
     pub replay_floor: bool,
     /// `TF_DS_GRAPHS` / `--graphs`.
@@ -294,6 +293,7 @@ impl Default for EngineSection {
             patches: Vec::new(),
             commit: "59402086381a42c74d53053443224eec2790b4c5".into(),
             rendezvous_port: 29620,
+            runtime: "nvidia".into(),
             replay_floor: true,
             graphs: true,
             hc_side: true,
@@ -374,15 +374,19 @@ pub enum PreparePolicy {
 pub struct NodeConfig {
     /// Node name used in plans, events and errors (`[a-z0-9-]`).
     pub name: String,
-    /// `local` for the head; `user@host` for a worker (`WORKER`).
+    /// `local` for the head; for a worker (`WORKER`) what `ssh` is given: `user@host`, `host`
+    /// or a `Host` alias of `~/.ssh/config`.
     pub ssh: String,
-    /// SSH port.
-    #[serde(default = "default_ssh_port")]
-    pub ssh_port: u16,
-    /// SSH identity file; empty = ssh's default.
+    /// SSH port; unset = ssh's own (the ssh config's `Port`, else 22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_port: Option<u16>,
+    /// SSH identity file, offered first (ssh-agent's other keys are then not offered);
+    /// empty = ssh's own choice (ssh-agent, the ssh config's `IdentityFile`, the default
+    /// identities).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub identity_file: String,
-    /// known_hosts file; empty = ssh's default. Host keys are always checked.
+    /// known_hosts file; empty = ssh's own (the ssh config's `UserKnownHostsFile`, else
+    /// `~/.ssh/known_hosts`). Host keys are always strictly checked.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub known_hosts: String,
     /// The node's ConnectX-7 IPv4 (`FABRIC_PEER` for the worker); absent = detected at preflight.
@@ -404,11 +408,15 @@ pub struct NodeConfig {
     /// not the reference, identifies the image.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image: String,
+    /// Directories searched before the default PATH for the host tools preflight runs on the
+    /// node (`nvidia-smi`, ...), e.g. `/usr/local/nvidia/bin`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
+    /// Where the node's sysfs is read (fabric netdev MTU, RoCE devices and GID tables).
+    #[serde(default = "default_sysfs_root")]
+    pub sysfs_root: String,
 }
 
-fn default_ssh_port() -> u16 {
-    22
-}
 fn default_network_mode() -> String {
     "host".into()
 }
@@ -417,6 +425,9 @@ fn default_docker_socket() -> String {
 }
 fn default_data_dir() -> String {
     "~/.cache/spark-deploy".into()
+}
+fn default_sysfs_root() -> String {
+    "/sys".into()
 }
 
 impl NodeConfig {
@@ -436,7 +447,7 @@ impl NodeConfig {
         Self {
             name: name.into(),
             ssh: ssh.into(),
-            ssh_port: default_ssh_port(),
+            ssh_port: None,
             identity_file: String::new(),
             known_hosts: String::new(),
             fabric_addr: None,
@@ -445,6 +456,8 @@ impl NodeConfig {
             hf_cache: String::new(),
             data_dir: default_data_dir(),
             image: String::new(),
+            path: Vec::new(),
+            sysfs_root: default_sysfs_root(),
         }
     }
 

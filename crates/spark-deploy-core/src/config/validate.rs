@@ -13,6 +13,7 @@ use super::ConfigError;
 use super::env::OPAQUE_SWITCHES;
 use super::schema::DeploymentConfig;
 use crate::engine::limits::EngineLimits;
+use crate::ports::ssh::options::{check_destination, check_path};
 
 /// One refused field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -145,9 +146,7 @@ impl Checker {
     }
 
     fn revision(&mut self, field: &str, v: &str) {
-        let sha = v.len() == 40
-            && v.bytes()
-                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        let sha = crate::commit::is_commit_id(v);
         let branch = !v.is_empty()
             && v.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
@@ -309,6 +308,25 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     if config.engine.image.is_empty() {
         c.refuse("engine.image", "\"\"", "an image reference");
     }
+    let rt = &config.engine.runtime;
+    if rt.is_empty()
+        || !rt
+            .chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "._-".contains(ch))
+    {
+        c.refuse(
+            "engine.runtime",
+            format!("{rt:?}"),
+            "the name of a runtime registered in Docker (`docker info` lists them; \"nvidia\" for the NVIDIA Container Toolkit)",
+        );
+    }
+    if !crate::commit::is_commit_id(&config.engine.commit) {
+        c.refuse(
+            "engine.commit",
+            format!("{:?}", config.engine.commit),
+            "the 40-hex lowercase commit the engine binaries are built from",
+        );
+    }
     if config.engine.base_image.is_empty() {
         c.refuse(
             "engine.base_image",
@@ -427,12 +445,44 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
         }
         if i > 0 {
             let dest = node.ssh.rsplit('@').next().unwrap_or("");
-            if node.is_local() || dest.is_empty() || node.ssh.contains(char::is_whitespace) {
+            let unsafe_dest = check_destination(&node.ssh).err();
+            if node.is_local() || dest.is_empty() || unsafe_dest.is_some() {
                 c.refuse(
                     format!("{p}.ssh"),
                     format!("{:?}", node.ssh),
-                    "an ssh target `user@host` or `host` for a worker (set WORKER)",
+                    format!(
+                        "an ssh destination for a worker (set WORKER): `user@host`, `host` or a \
+                         Host alias of ~/.ssh/config{}",
+                        unsafe_dest
+                            .map(|u| format!("; this one {u}"))
+                            .unwrap_or_default()
+                    ),
                 );
+            }
+            if node.ssh_port == Some(0) {
+                c.refuse(
+                    format!("{p}.ssh_port"),
+                    0,
+                    "1 to 65535, or unset for ssh's own (the ssh config's Port, else 22)",
+                );
+            }
+            for (field, value) in [
+                ("identity_file", &node.identity_file),
+                ("known_hosts", &node.known_hosts),
+            ] {
+                if let Some(problem) = (!value.is_empty())
+                    .then(|| check_path(value).err())
+                    .flatten()
+                {
+                    c.refuse(
+                        format!("{p}.{field}"),
+                        format!("{value:?}"),
+                        format!(
+                            "a file path ssh reads as written (this one {problem}), or unset for \
+                             ssh's own resolution through ~/.ssh/config"
+                        ),
+                    );
+                }
             }
         }
         if node.network_mode != "host"
@@ -446,6 +496,22 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
                 &node.network_mode,
                 "\"host\" or \"container:<name>\"",
             );
+        }
+        if !Path::new(&node.sysfs_root).is_absolute() {
+            c.refuse(
+                format!("{p}.sysfs_root"),
+                format!("{:?}", node.sysfs_root),
+                "an absolute path on the node (\"/sys\")",
+            );
+        }
+        for dir in &node.path {
+            if !Path::new(dir).is_absolute() || dir.contains(':') {
+                c.refuse(
+                    format!("{p}.path"),
+                    format!("{dir:?}"),
+                    "absolute directories on the node, without ':'",
+                );
+            }
         }
         if let Some(addr) = node.fabric_addr
             && (addr.is_unspecified()
@@ -538,6 +604,29 @@ mod tests {
     }
 
     #[test]
+    fn runtime_sysfs_root_and_path_are_checked() {
+        assert_eq!(
+            refused_field(|c| c.engine.runtime = "nvidia runc".into()),
+            "engine.runtime"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[1].sysfs_root = "sys".into()),
+            "nodes[1].sysfs_root"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[0].path = vec!["/a:/b".into()]),
+            "nodes[0].path"
+        );
+        let v = check(|c| {
+            c.engine.runtime = "runc".into();
+            c.nodes[0].path = vec!["/usr/local/nvidia/bin".into()];
+            c.nodes[1].sysfs_root = "/srv/facts/sys".into();
+        })
+        .unwrap();
+        assert_eq!(v.config().nodes[1].sysfs_root, "/srv/facts/sys");
+    }
+
+    #[test]
     fn defaults_pass_with_warnings() {
         let v = check(|_| {}).unwrap();
         let fields: Vec<_> = v.warnings().iter().map(|w| w.field.as_str()).collect();
@@ -589,6 +678,37 @@ mod tests {
             refused_field(|c| c.serving.max_tokens = 40_000_000),
             "serving.max_tokens"
         );
+        assert_eq!(
+            refused_field(|c| c.engine.commit = "59402086381A42C74D53053443224EEC2790B4C5".into()),
+            "engine.commit"
+        );
+    }
+
+    #[test]
+    fn ssh_values_that_ssh_would_misread_are_refused_with_the_reason() {
+        let e = check(|c| c.nodes[1].ssh = "-oProxyCommand=touch /tmp/x".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nodes[1].ssh = "), "{e}");
+        assert!(e.contains("starts with '-'"), "{e}");
+        assert!(e.contains("Host alias of ~/.ssh/config"), "{e}");
+        let e = check(|c| c.nodes[1].known_hosts = "/k/kh\nProxyCommand x".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nodes[1].known_hosts = "), "{e}");
+        assert!(e.contains("newline"), "{e}");
+        assert_eq!(
+            refused_field(|c| c.nodes[1].identity_file = "/k/%h".into()),
+            "nodes[1].identity_file"
+        );
+        assert_eq!(
+            refused_field(|c| c.nodes[1].ssh_port = Some(0)),
+            "nodes[1].ssh_port"
+        );
+        // An alias, no port, no key, no known_hosts: all left to ssh.
+        let v = check(|c| c.nodes[1].ssh = "sparky".into()).unwrap();
+        let w = &v.config().nodes[1];
+        assert_eq!((w.ssh_port, w.identity_file.as_str()), (None, ""));
     }
 
     #[test]

@@ -25,9 +25,10 @@ fn container(out: &mut String, c: &ContainerSpec) {
     );
     let _ = writeln!(
         out,
-        "        network {}  ipc {}  gpus {}  devices [{}]  cap-add [{}]  oom-score-adj {}  restart {}",
+        "        network {}  ipc {}  runtime {}  gpus {}  devices [{}]  cap-add [{}]  oom-score-adj {}  restart {}",
         c.network_mode,
         c.ipc_mode,
+        c.runtime,
         c.gpus,
         c.devices.join(", "),
         c.cap_add.join(", "),

@@ -19,7 +19,10 @@ use std::path::{Component, Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     /// A repository-relative path from the Hub would escape the snapshot directory.
-    #[error("unsafe file path {path:?} in repository {repo}")]
+    #[error(
+        "unsafe file path `{}` in repository {repo}: it would leave the snapshot directory; the repository cannot be fetched as is",
+        path.escape_debug()
+    )]
     UnsafePath {
         /// Repository id.
         repo: String,

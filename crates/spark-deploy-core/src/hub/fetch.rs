@@ -14,6 +14,9 @@
 //!    under a final name.
 //! 5. A branch revision is recorded in `refs/<branch>`.
 //!
+//! Steps 3 and 4 for one blob (resume, retry, hash while writing, verify, rename) are in the
+//! download module.
+//!
 //! A fetch given a cancel signal ([`HubConfig::cancel`](super::HubConfig)) ends with
 //! [`FetchError::Cancelled`] once it turns `true`: the bytes each transfer received are written
 //! and synced to its `.incomplete` file first, so the next fetch continues from there.
@@ -23,17 +26,19 @@
 //! the same time (the Python client's `.locks` are not honoured either).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use tokio::io::AsyncWriteExt as _;
 
 use super::cache::CacheError;
-use super::client::{FileMeta, Hub, HubError, RemoteFile, ResolvedRepo};
+use super::client::{FileMeta, Hub, RemoteFile, ResolvedRepo};
+use super::error::HubError;
+use super::patterns::{AllowPatterns, PatternError};
 use super::progress::{FetchEvent, FetchProgress, FileOutcome};
-use super::verify::{self, Expected, ManifestEntry, StreamHasher, VerifyError};
+use super::snapshot::{self, ManifestEntry, VerifyReport};
+use super::verify::{Expected, VerifyError};
 
 /// Errors of a fetch.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +46,9 @@ pub enum FetchError {
     /// The Hub refused or failed (access, not found, bad response).
     #[error(transparent)]
     Hub(#[from] HubError),
+    /// A file pattern cannot be used.
+    #[error(transparent)]
+    Pattern(#[from] PatternError),
     /// A file kept failing without progress.
     #[error(
         "{file} of {repo} at {commit}: gave up after {attempts} consecutive failed attempts; last: {last}"
@@ -205,16 +213,16 @@ impl FetchReport {
     }
 }
 
-struct Tally<'a> {
-    total: u64,
-    done: AtomicU64,
-    transferred: AtomicU64,
-    start: Instant,
-    progress: &'a dyn FetchProgress,
+pub(super) struct Tally<'a> {
+    pub(super) total: u64,
+    pub(super) done: AtomicU64,
+    pub(super) transferred: AtomicU64,
+    pub(super) start: Instant,
+    pub(super) progress: &'a dyn FetchProgress,
 }
 
 impl Tally<'_> {
-    fn progress(&self, file: &str, file_done: u64, file_total: u64) {
+    pub(super) fn progress(&self, file: &str, file_done: u64, file_total: u64) {
         let done = self.done.load(Ordering::Relaxed);
         let tr = self.transferred.load(Ordering::Relaxed);
         let secs = self.start.elapsed().as_secs_f64().max(1e-3);
@@ -234,66 +242,32 @@ impl Tally<'_> {
 }
 
 /// One blob to bring into the cache, and the paths that point to it.
-struct Job {
-    etag: String,
-    paths: Vec<String>,
-    size: u64,
-    expected: Expected,
+pub(super) struct Job {
+    pub(super) etag: String,
+    pub(super) paths: Vec<String>,
+    pub(super) size: u64,
+    pub(super) expected: Expected,
 }
 
-/// What one blob transfer writes, and what it must become.
-#[derive(Clone, Copy)]
-struct Target<'a> {
-    r: &'a ResolvedRepo,
-    file: &'a str,
-    incomplete: &'a Path,
-    size: u64,
-    exp: &'a Expected,
-}
-
-enum Attempt {
-    Complete,
-    Failed {
-        reason: String,
-        progressed: bool,
-    },
-    /// The cancel signal was raised; what arrived is on disk.
-    Cancelled,
-}
-
-/// Select files by exact path or by simple globs (`*` matches within a path segment, `**` across
-/// segments, `?` one character).
-#[must_use]
-pub fn select<'a>(files: &'a [RemoteFile], patterns: &[String]) -> Vec<&'a RemoteFile> {
-    files
-        .iter()
-        .filter(|f| patterns.is_empty() || patterns.iter().any(|p| glob_match(p, &f.path)))
-        .collect()
-}
-
-pub(crate) fn glob_match(pat: &str, s: &str) -> bool {
-    fn go(p: &[u8], s: &[u8]) -> bool {
-        match (p.first(), s.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) if p.get(1) == Some(&b'*') => {
-                let rest = &p[2..];
-                (0..=s.len()).any(|i| go(rest, &s[i..]))
-            }
-            (Some(b'*'), _) => {
-                let rest = &p[1..];
-                let seg = s.iter().position(|&c| c == b'/').unwrap_or(s.len());
-                (0..=seg).any(|i| go(rest, &s[i..]))
-            }
-            (Some(b'?'), Some(c)) if *c != b'/' => go(&p[1..], &s[1..]),
-            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
-            _ => false,
-        }
+/// The files matching any of `patterns`, read as `huggingface_hub`'s `allow_patterns` (see
+/// [`AllowPatterns`]: `*` crosses folders, a trailing `/` names a folder); no pattern selects
+/// every file.
+///
+/// # Errors
+/// [`PatternError`] for a pattern that cannot be compiled.
+pub fn select<'a>(
+    files: &'a [RemoteFile],
+    patterns: &[String],
+) -> Result<Vec<&'a RemoteFile>, PatternError> {
+    if patterns.is_empty() {
+        return Ok(files.iter().collect());
     }
-    go(pat.as_bytes(), s.as_bytes())
+    let allow = AllowPatterns::new(patterns)?;
+    Ok(files.iter().filter(|f| allow.is_match(&f.path)).collect())
 }
 
 /// Resolves once `cancel` is `true`; never without a signal.
-async fn cancelled(cancel: Option<&tokio::sync::watch::Receiver<bool>>) {
+pub(super) async fn cancelled(cancel: Option<&tokio::sync::watch::Receiver<bool>>) {
     match cancel {
         Some(rx) => {
             let mut rx = rx.clone();
@@ -307,11 +281,11 @@ async fn cancelled(cancel: Option<&tokio::sync::watch::Receiver<bool>>) {
 }
 
 impl Hub {
-    fn is_cancelled(&self) -> bool {
+    pub(super) fn is_cancelled(&self) -> bool {
         self.cfg.cancel.as_ref().is_some_and(|rx| *rx.borrow())
     }
 
-    fn cancelled_error(r: &ResolvedRepo) -> FetchError {
+    pub(super) fn cancelled_error(r: &ResolvedRepo) -> FetchError {
         FetchError::Cancelled {
             repo: r.repo.clone(),
             commit: r.commit.clone(),
@@ -319,7 +293,7 @@ impl Hub {
     }
 
     /// Verify-only mode: check the cached snapshot of `repo` at `revision` (a commit, or a branch
-    /// recorded in `refs/`) with **no network**; see [`verify::verify_snapshot`]. `wanted` limits
+    /// recorded in `refs/`) with **no network**; see [`snapshot::verify_snapshot`]. `wanted` limits
     /// the check to these paths (and reports any of them missing).
     ///
     /// # Errors
@@ -330,8 +304,8 @@ impl Hub {
         repo: &str,
         revision: &str,
         wanted: Option<&[String]>,
-    ) -> Result<verify::VerifyReport, VerifyError> {
-        verify::verify_snapshot(&self.cache, repo, revision, wanted)
+    ) -> Result<VerifyReport, VerifyError> {
+        snapshot::verify_snapshot(&self.cache, repo, revision, wanted)
     }
 
     /// Resolve `repo` at `revision`, list it, and [`fetch`](Hub::fetch) the files matching
@@ -354,7 +328,7 @@ impl Hub {
         }
         let pinned = self.resolve(repo, revision).await?;
         let files = self.list_files(&pinned).await?;
-        let wanted: Vec<RemoteFile> = select(&files, patterns).into_iter().cloned().collect();
+        let wanted: Vec<RemoteFile> = select(&files, patterns)?.into_iter().cloned().collect();
         self.fetch(&pinned, &wanted, progress).await
     }
 
@@ -502,10 +476,10 @@ impl Hub {
                 outcome,
             });
         }
-        if !super::is_commit_hash(&r.requested) {
+        if !crate::commit::is_commit_id(&r.requested) {
             self.cache.write_ref(&r.repo, &r.requested, &r.commit)?;
         }
-        verify::update_manifest(&self.cache, &r.repo, &r.commit, &manifest);
+        snapshot::update_manifest(&self.cache, &r.repo, &r.commit, &manifest);
         let transferred = tally.transferred.load(Ordering::Relaxed);
         progress.on_event(&FetchEvent::Finished {
             files: report_files.len(),
@@ -517,411 +491,5 @@ impl Hub {
             files: report_files,
             transferred,
         })
-    }
-
-    async fn fetch_blob(
-        &self,
-        r: &ResolvedRepo,
-        job: &Job,
-        tally: &Tally<'_>,
-    ) -> Result<FileOutcome, FetchError> {
-        if self.is_cancelled() {
-            return Err(Self::cancelled_error(r));
-        }
-        let file = job.paths.first().cloned().unwrap_or_default();
-        let blob = self.cache.blob_path(&r.repo, &job.etag);
-        let incomplete = self.cache.incomplete_path(&r.repo, &job.etag);
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            let (repo, file) = (r.repo.clone(), file.clone());
-            move |source| FetchError::Io {
-                repo,
-                file,
-                path,
-                source,
-            }
-        };
-        let mut outcome = FileOutcome::Downloaded;
-        if blob.exists() {
-            let ok = verify::stamp_ok(&self.cache, &r.repo, &job.etag)
-                || verify_blocking(&blob, &file, &job.expected).await.is_ok();
-            if ok {
-                verify::write_stamp(&self.cache, &r.repo, &job.etag);
-                tally.done.fetch_add(job.size, Ordering::Relaxed);
-                tally.progress(&file, job.size, job.size);
-                return Ok(FileOutcome::AlreadyVerified);
-            }
-            verify::remove_stamp(&self.cache, &r.repo, &job.etag);
-            tokio::fs::remove_file(&blob).await.map_err(io(&blob))?;
-            outcome = FileOutcome::Refetched;
-        }
-        if let Some(dir) = blob.parent() {
-            tokio::fs::create_dir_all(dir).await.map_err(io(dir))?;
-        }
-        let mut bad_downloads = 0;
-        loop {
-            let mut hasher = Some(StreamHasher::new(&job.expected, job.size));
-            self.download_to(
-                Target {
-                    r,
-                    file: &file,
-                    incomplete: &incomplete,
-                    size: job.size,
-                    exp: &job.expected,
-                },
-                &mut hasher,
-                tally,
-            )
-            .await?;
-            let checked = match hasher {
-                Some(h) => verify_streamed_blocking(&incomplete, &file, &job.expected, h).await,
-                None => verify_blocking(&incomplete, &file, &job.expected).await,
-            };
-            match checked {
-                Ok(()) => break,
-                Err(e) => {
-                    tokio::fs::remove_file(&incomplete)
-                        .await
-                        .map_err(io(&incomplete))?;
-                    tally.done.fetch_sub(job.size, Ordering::Relaxed);
-                    bad_downloads += 1;
-                    if bad_downloads >= 2 {
-                        return Err(FetchError::Verify {
-                            repo: r.repo.clone(),
-                            commit: r.commit.clone(),
-                            file,
-                            source: Box::new(e),
-                        });
-                    }
-                    tally.progress.on_event(&FetchEvent::Retrying {
-                        file: file.clone(),
-                        attempt: bad_downloads,
-                        reason: format!("downloaded file does not verify: {e}"),
-                        backoff: Duration::ZERO,
-                    });
-                }
-            }
-        }
-        tokio::fs::rename(&incomplete, &blob)
-            .await
-            .map_err(io(&blob))?;
-        verify::write_stamp(&self.cache, &r.repo, &job.etag);
-        Ok(outcome)
-    }
-
-    /// Fill `incomplete` up to `size` bytes, resuming from its length.
-    async fn download_to(
-        &self,
-        t: Target<'_>,
-        hasher: &mut Option<StreamHasher>,
-        tally: &Tally<'_>,
-    ) -> Result<(), FetchError> {
-        let Target {
-            r,
-            file,
-            incomplete,
-            size,
-            ..
-        } = t;
-        let mut fails = 0u32;
-        let mut first = true;
-        // An empty file needs no transfer, but still an (empty) file to verify and rename.
-        tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(incomplete)
-            .await
-            .map_err(|e| self.io_err(r, file, incomplete, e))?;
-        loop {
-            let have = tokio::fs::metadata(incomplete).await.map_or(0, |m| m.len());
-            let have = if have > size {
-                truncate(incomplete, 0)
-                    .await
-                    .map_err(|e| self.io_err(r, file, incomplete, e))?;
-                0
-            } else {
-                have
-            };
-            if first {
-                tally.done.fetch_add(have, Ordering::Relaxed);
-                first = false;
-            }
-            if have == size {
-                return Ok(());
-            }
-            if self.is_cancelled() {
-                return Err(Self::cancelled_error(r));
-            }
-            tally.progress.on_event(&FetchEvent::FileStarted {
-                file: file.to_owned(),
-                offset: have,
-                size,
-            });
-            match self.attempt(t, have, hasher, tally).await? {
-                Attempt::Complete => return Ok(()),
-                Attempt::Cancelled => return Err(Self::cancelled_error(r)),
-                Attempt::Failed { reason, progressed } => {
-                    if progressed {
-                        fails = 0;
-                    }
-                    fails += 1;
-                    if fails > self.cfg.max_retries {
-                        return Err(FetchError::GaveUp {
-                            repo: r.repo.clone(),
-                            commit: r.commit.clone(),
-                            file: file.to_owned(),
-                            attempts: fails,
-                            last: reason,
-                        });
-                    }
-                    let backoff = self
-                        .cfg
-                        .backoff_base
-                        .saturating_mul(1u32 << (fails - 1).min(16))
-                        .min(self.cfg.backoff_max);
-                    tally.progress.on_event(&FetchEvent::Retrying {
-                        file: file.to_owned(),
-                        attempt: fails,
-                        reason,
-                        backoff,
-                    });
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
-                        () = cancelled(self.cfg.cancel.as_ref()) => return Err(Self::cancelled_error(r)),
-                    }
-                }
-            }
-        }
-    }
-
-    fn io_err(
-        &self,
-        r: &ResolvedRepo,
-        file: &str,
-        path: &Path,
-        source: std::io::Error,
-    ) -> FetchError {
-        FetchError::Io {
-            repo: r.repo.clone(),
-            file: file.to_owned(),
-            path: path.to_path_buf(),
-            source,
-        }
-    }
-
-    /// One ranged GET appended to `incomplete`. Transport trouble is `Attempt::Failed`; refusals
-    /// by the Hub (access, not found) are errors.
-    async fn attempt(
-        &self,
-        t: Target<'_>,
-        mut have: u64,
-        hasher: &mut Option<StreamHasher>,
-        tally: &Tally<'_>,
-    ) -> Result<Attempt, FetchError> {
-        let Target {
-            r,
-            file,
-            incomplete,
-            size,
-            exp,
-        } = t;
-        let stall = self.cfg.stall_timeout;
-        let failed = |reason: String, progressed: bool| Ok(Attempt::Failed { reason, progressed });
-        let url = self.resolve_url(r, file)?;
-        let mut req = self
-            .http
-            .get(url)
-            .header(reqwest::header::ACCEPT_ENCODING, "identity");
-        if have > 0 {
-            req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
-        }
-        let sent = tokio::select! {
-            sent = tokio::time::timeout(stall, req.send()) => sent,
-            () = cancelled(self.cfg.cancel.as_ref()) => return Ok(Attempt::Cancelled),
-        };
-        let resp = match sent {
-            Err(_) => return failed(format!("no response within {stall:?}"), false),
-            Ok(Err(e)) => return failed(format!("request failed: {}", e.without_url()), false),
-            Ok(Ok(resp)) => resp,
-        };
-        let status = resp.status().as_u16();
-        let mut truncate_to_zero = false;
-        match status {
-            206 => {
-                let cr = resp
-                    .headers()
-                    .get(reqwest::header::CONTENT_RANGE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default();
-                if !cr.starts_with(&format!("bytes {have}-")) || !cr.ends_with(&format!("/{size}"))
-                {
-                    return failed(
-                        format!("asked for bytes={have}- but got Content-Range {cr:?}"),
-                        false,
-                    );
-                }
-            }
-            200 => {
-                if have > 0 {
-                    // The server ignored the range: start over rather than corrupt the file.
-                    truncate_to_zero = true;
-                }
-            }
-            416 => {
-                truncate(incomplete, 0)
-                    .await
-                    .map_err(|e| self.io_err(r, file, incomplete, e))?;
-                tally.done.fetch_sub(have, Ordering::Relaxed);
-                return failed(
-                    "416 range not satisfiable; restarting the file".into(),
-                    false,
-                );
-            }
-            408 | 429 | 500..=599 => return failed(format!("HTTP {status}"), false),
-            _ => return Err(self.status_error(r, file, &resp).into()),
-        }
-        if truncate_to_zero {
-            truncate(incomplete, 0)
-                .await
-                .map_err(|e| self.io_err(r, file, incomplete, e))?;
-            tally.done.fetch_sub(have, Ordering::Relaxed);
-            have = 0;
-        }
-        // The digests must cover exactly the bytes already on disk before we append.
-        if let Some(h) = hasher.take() {
-            *hasher = catch_up_blocking(h, incomplete, have, exp).await;
-        }
-        let f = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(incomplete)
-            .await
-            .map_err(|e| self.io_err(r, file, incomplete, e))?;
-        let mut out = tokio::io::BufWriter::with_capacity(1 << 20, f);
-        let mut stream = resp.bytes_stream();
-        let mut got = 0u64;
-        let mut last_event = Instant::now();
-        let mut was_cancelled = false;
-        let result = loop {
-            let next = tokio::select! {
-                next = tokio::time::timeout(stall, stream.next()) => next,
-                () = cancelled(self.cfg.cancel.as_ref()) => {
-                    was_cancelled = true;
-                    break None;
-                }
-            };
-            match next {
-                Err(_) => break Some(format!("stalled: no byte for {stall:?}")),
-                Ok(None) => break None,
-                Ok(Some(Err(e))) => break Some(format!("transfer broke: {}", e.without_url())),
-                Ok(Some(Ok(chunk))) => {
-                    let n = chunk.len() as u64;
-                    if have + got + n > size {
-                        break Some(format!("server sent more than the {size} bytes announced"));
-                    }
-                    if let Err(e) = out.write_all(&chunk).await {
-                        return Err(self.io_err(r, file, incomplete, e));
-                    }
-                    if let Some(h) = hasher.as_mut() {
-                        h.update(&chunk);
-                    }
-                    got += n;
-                    tally.done.fetch_add(n, Ordering::Relaxed);
-                    tally.transferred.fetch_add(n, Ordering::Relaxed);
-                    if last_event.elapsed() >= Duration::from_millis(100) {
-                        last_event = Instant::now();
-                        tally.progress(file, have + got, size);
-                    }
-                }
-            }
-        };
-        out.flush()
-            .await
-            .map_err(|e| self.io_err(r, file, incomplete, e))?;
-        let f = out.into_inner();
-        f.sync_data()
-            .await
-            .map_err(|e| self.io_err(r, file, incomplete, e))?;
-        tally.progress(file, have + got, size);
-        match result {
-            None if was_cancelled => Ok(Attempt::Cancelled),
-            None if have + got == size => Ok(Attempt::Complete),
-            None => failed(
-                format!("body ended at byte {} of {size}", have + got),
-                got > 0,
-            ),
-            Some(reason) => failed(reason, got > 0),
-        }
-    }
-}
-
-async fn truncate(path: &Path, len: u64) -> std::io::Result<()> {
-    match tokio::fs::OpenOptions::new().write(true).open(path).await {
-        Ok(f) => f.set_len(len).await,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Catch the hasher up to `to` bytes of the file; `None` (verify by re-reading later) on failure.
-async fn catch_up_blocking(
-    mut h: StreamHasher,
-    path: &Path,
-    to: u64,
-    exp: &Expected,
-) -> Option<StreamHasher> {
-    let (path, exp) = (path.to_path_buf(), exp.clone());
-    tokio::task::spawn_blocking(move || h.catch_up(&path, to, &exp).ok().map(|()| h))
-        .await
-        .ok()
-        .flatten()
-}
-
-async fn verify_streamed_blocking(
-    path: &Path,
-    file: &str,
-    exp: &Expected,
-    h: StreamHasher,
-) -> Result<(), VerifyError> {
-    let (path, file, exp) = (path.to_path_buf(), file.to_owned(), exp.clone());
-    let p2 = path.clone();
-    tokio::task::spawn_blocking(move || verify::verify_streamed(&path, &file, &exp, h))
-        .await
-        .unwrap_or_else(|e| {
-            Err(VerifyError::Io {
-                path: p2,
-                source: std::io::Error::other(e),
-            })
-        })
-}
-
-async fn verify_blocking(path: &Path, file: &str, exp: &Expected) -> Result<(), VerifyError> {
-    let (path, file, exp) = (path.to_path_buf(), file.to_owned(), exp.clone());
-    let p2 = path.clone();
-    tokio::task::spawn_blocking(move || verify::verify_file(&path, &file, &exp))
-        .await
-        .unwrap_or_else(|e| {
-            Err(VerifyError::Io {
-                path: p2,
-                source: std::io::Error::other(e),
-            })
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob_match;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match("*.json", "config.json"));
-        assert!(!glob_match("*.json", "a/config.json"));
-        assert!(glob_match("**.json", "a/config.json"));
-        assert!(glob_match(
-            "model-*-of-*.safetensors",
-            "model-00001-of-00039.safetensors"
-        ));
-        assert!(glob_match("a/?.bin", "a/x.bin"));
-        assert!(!glob_match("a/?.bin", "a/xy.bin"));
     }
 }

@@ -12,10 +12,13 @@
 use std::collections::BTreeSet;
 
 use super::cache::HfCache;
-use super::client::{Hub, HubError, RemoteFile, ResolvedRepo};
-use super::fetch::{FetchError, FetchReport, FetchedFile, glob_match, select};
+use super::client::{Hub, RemoteFile, ResolvedRepo};
+use super::error::HubError;
+use super::fetch::{FetchError, FetchReport, FetchedFile, select};
+use super::patterns::AllowPatterns;
 use super::progress::FileOutcome;
-use super::verify::{self, VerifyError};
+use super::snapshot;
+use super::verify::VerifyError;
 
 impl Hub {
     /// `Err(`[`HubError::Offline`]`)` in offline mode: called before every request.
@@ -49,7 +52,7 @@ impl Hub {
             cache: self.cache.root().to_path_buf(),
             problems,
         };
-        let commit = if super::is_commit_hash(revision) {
+        let commit = if crate::commit::is_commit_id(revision) {
             revision.to_ascii_lowercase()
         } else {
             match self.cache.read_ref(repo, revision)? {
@@ -73,7 +76,7 @@ impl Hub {
                 lfs_sha256: None,
             })
             .collect();
-        let selected: Vec<String> = select(&known, patterns)
+        let selected: Vec<String> = select(&known, patterns)?
             .into_iter()
             .map(|f| f.path.clone())
             .collect();
@@ -88,11 +91,11 @@ impl Hub {
         // Blobs verified before and unchanged since are taken as they are; the rest are hashed.
         let (stamped, unstamped): (Vec<String>, Vec<String>) = present.into_iter().partition(|f| {
             HfCache::linked_etag(&snap.join(f))
-                .is_some_and(|e| verify::stamp_ok(&self.cache, repo, &e))
+                .is_some_and(|e| snapshot::stamp_ok(&self.cache, repo, &e))
         });
         let mut verified = stamped;
         if !unstamped.is_empty() {
-            let report = verify::verify_snapshot(&self.cache, repo, &commit, Some(&unstamped))
+            let report = snapshot::verify_snapshot(&self.cache, repo, &commit, Some(&unstamped))
                 .map_err(|e| offline(vec![e.to_string()]))?;
             verified.extend(report.verified);
             problems.extend(report.problems.iter().map(describe));
@@ -134,8 +137,9 @@ fn unlisted_problems(patterns: &[String], selected: &[String]) -> Vec<String> {
         .iter()
         .filter_map(|p| {
             if p.contains(['*', '?']) {
-                (!selected.iter().any(|f| glob_match(p, f)))
-                    .then(|| format!("no cached file matches {p} ({why})"))
+                (!AllowPatterns::new(std::slice::from_ref(p))
+                    .is_ok_and(|a| selected.iter().any(|f| a.is_match(f))))
+                .then(|| format!("no cached file matches {p} ({why})"))
             } else {
                 (!selected.contains(p)).then(|| format!("{p} is missing ({why})"))
             }
@@ -155,11 +159,11 @@ fn describe(e: &VerifyError) -> String {
 /// `huggingface_hub`'s) was among the sources.
 fn known_files(cache: &HfCache, repo: &str, commit: &str) -> (BTreeSet<String>, bool) {
     let mut out = BTreeSet::new();
-    out.extend(verify::manifest_paths(cache, repo, commit));
-    out.extend(verify::python_tree_paths(cache, repo, commit));
+    out.extend(snapshot::manifest_paths(cache, repo, commit));
+    out.extend(snapshot::python_tree_paths(cache, repo, commit));
     let listed = !out.is_empty();
     let snap = cache.snapshot_dir(repo, commit);
-    out.extend(verify::snapshot_files(&snap));
+    out.extend(snapshot::snapshot_files(&snap));
     // The shards a cached safetensors index names (its folder-relative names).
     let indexes: Vec<String> = out
         .iter()
@@ -231,7 +235,7 @@ mod tests {
         for (path, bytes) in files {
             let tmp = dir.join("tmp");
             std::fs::write(&tmp, bytes).unwrap();
-            let etag = verify::digest_file(&tmp, false, true)
+            let etag = super::super::verify::digest_file(&tmp, false, true)
                 .unwrap()
                 .git_sha1
                 .unwrap();

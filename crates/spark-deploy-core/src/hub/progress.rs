@@ -99,3 +99,81 @@ impl<F: Fn(&FetchEvent) + Send + Sync> FetchProgress for F {
         self(event);
     }
 }
+
+impl std::fmt::Display for FileOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::AlreadyVerified => "already in the cache and verified",
+            Self::Downloaded => "downloaded and verified",
+            Self::Refetched => "the cached copy was corrupt; fetched again and verified",
+        })
+    }
+}
+
+/// One line for a log, in plain words.
+impl std::fmt::Display for FetchEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Started {
+                repo,
+                commit,
+                files,
+                total_bytes,
+            } => write!(
+                f,
+                "fetching {files} file(s), {total_bytes} bytes, of {repo} at {commit}"
+            ),
+            Self::FileStarted { file, offset, size } if *offset > 0 => {
+                write!(f, "{file}: resuming at byte {offset} of {size}")
+            }
+            Self::FileStarted { file, size, .. } => write!(f, "{file}: starting, {size} bytes"),
+            Self::Progress {
+                file,
+                file_done,
+                file_total,
+                done,
+                total,
+                ..
+            } => write!(
+                f,
+                "{file}: {file_done} of {file_total} bytes ({done} of {total} in all)"
+            ),
+            Self::Retrying {
+                file,
+                attempt,
+                reason,
+                backoff,
+            } => write!(
+                f,
+                "{file}: {reason}; retrying in {} s (failed attempt {attempt} in a row)",
+                backoff.as_secs_f64()
+            ),
+            Self::FileDone { file, outcome } => write!(f, "{file}: {outcome}"),
+            Self::Finished { files, transferred } => write!(
+                f,
+                "fetched: {files} file(s) present and verified, {transferred} bytes transferred"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_reads_as_a_sentence_without_rust_syntax() {
+        let line = FetchEvent::Retrying {
+            file: "model-00001-of-00002.safetensors".into(),
+            attempt: 2,
+            reason: "stalled: no byte for 30 s".into(),
+            backoff: Duration::from_millis(1_500),
+        }
+        .to_string();
+        assert_eq!(
+            line,
+            "model-00001-of-00002.safetensors: stalled: no byte for 30 s; retrying in 1.5 s (failed attempt 2 in a row)"
+        );
+        assert!(!line.contains('{') && !line.contains("Retrying"));
+    }
+}

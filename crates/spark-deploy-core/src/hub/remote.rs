@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use super::client::{Hub, HubError, ResolvedRepo};
+use super::client::{Hub, ResolvedRepo};
+use super::error::HubError;
+use crate::safetensors_header;
 
 /// A run of adjacent tensors: `[start, end)` in the file and its members.
 type Run<'a> = (u64, u64, Vec<(&'a str, &'a TensorEntry)>);
@@ -62,6 +64,24 @@ pub enum RemoteError {
         /// What is wrong.
         reason: String,
     },
+    /// A range request got no answer, or its bytes stopped arriving, within the stall timeout.
+    #[error(
+        "{file} of {repo} at {commit}: bytes {start}-{end} did not arrive within {secs} s; check the connection to the Hub and retry"
+    )]
+    Stalled {
+        /// Repository id.
+        repo: String,
+        /// Commit.
+        commit: String,
+        /// Repository-relative path.
+        file: String,
+        /// First byte asked for.
+        start: u64,
+        /// Last byte asked for (inclusive).
+        end: u64,
+        /// The stall timeout, in seconds.
+        secs: f64,
+    },
     /// A requested tensor is not in the file.
     #[error("{file} of {repo} at {commit}: no tensor named {name}")]
     NoTensor {
@@ -74,6 +94,17 @@ pub enum RemoteError {
         /// Tensor name.
         name: String,
     },
+}
+
+impl RemoteError {
+    /// Stalls, transport failures and 408/429/5xx answers are worth retrying.
+    fn is_transient(&self) -> bool {
+        match self {
+            Self::Stalled { .. } => true,
+            Self::Hub(e) => e.is_transient(),
+            _ => false,
+        }
+    }
 }
 
 /// Where one tensor lives in a safetensors file.
@@ -112,7 +143,8 @@ pub struct RemoteTensor {
 }
 
 impl Hub {
-    /// GET bytes `start..=end` of a file at the pinned commit, insisting on a 206.
+    /// GET bytes `start..=end` of a file at the pinned commit, insisting on a 206; transport
+    /// failures, stalls and 408/429/5xx answers are retried under [`HubConfig::backoff`](super::HubConfig::backoff).
     async fn get_range(
         &self,
         r: &ResolvedRepo,
@@ -121,67 +153,61 @@ impl Hub {
         end: u64,
     ) -> Result<bytes::Bytes, RemoteError> {
         let url = self.resolve_url(r, file)?;
-        let mut last = None;
-        for attempt in 0..=self.cfg.max_retries {
-            if attempt > 0 {
-                let b = self
-                    .cfg
-                    .backoff_base
-                    .saturating_mul(1u32 << (attempt - 1).min(16))
-                    .min(self.cfg.backoff_max);
-                tokio::time::sleep(b).await;
-            }
-            let resp = match tokio::time::timeout(
-                self.cfg.stall_timeout,
-                self.http
-                    .get(url.clone())
-                    .header(reqwest::header::RANGE, format!("bytes={start}-{end}"))
-                    .header(reqwest::header::ACCEPT_ENCODING, "identity")
-                    .send(),
+        self.cfg
+            .backoff()
+            .retry(
+                || self.get_range_once(&url, r, file, start, end),
+                RemoteError::is_transient,
             )
             .await
-            {
-                Err(_) => continue,
-                Ok(Err(e)) => {
-                    last = Some(self.transport(r, file, e));
-                    continue;
-                }
-                Ok(Ok(resp)) => resp,
-            };
-            let status = resp.status().as_u16();
-            match status {
-                206 => {}
-                200 => {
-                    return Err(RemoteError::RangeIgnored {
-                        repo: r.repo.clone(),
-                        commit: r.commit.clone(),
-                        file: file.to_owned(),
-                        start,
-                        end,
-                        status,
-                    });
-                }
-                408 | 429 | 500..=599 => continue,
-                _ => return Err(self.status_error(r, file, &resp).into()),
+    }
+
+    async fn get_range_once(
+        &self,
+        url: &reqwest::Url,
+        r: &ResolvedRepo,
+        file: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<bytes::Bytes, RemoteError> {
+        let stalled = || RemoteError::Stalled {
+            repo: r.repo.clone(),
+            commit: r.commit.clone(),
+            file: file.to_owned(),
+            start,
+            end,
+            secs: self.cfg.stall_timeout.as_secs_f64(),
+        };
+        let resp = tokio::time::timeout(
+            self.cfg.stall_timeout,
+            self.http
+                .get(url.clone())
+                .header(reqwest::header::RANGE, format!("bytes={start}-{end}"))
+                .header(reqwest::header::ACCEPT_ENCODING, "identity")
+                .send(),
+        )
+        .await
+        .map_err(|_| stalled())?
+        .map_err(|e| self.transport(r, file, e))?;
+        let status = resp.status().as_u16();
+        match status {
+            206 => {}
+            200 => {
+                return Err(RemoteError::RangeIgnored {
+                    repo: r.repo.clone(),
+                    commit: r.commit.clone(),
+                    file: file.to_owned(),
+                    start,
+                    end,
+                    status,
+                });
             }
-            match tokio::time::timeout(self.cfg.stall_timeout, resp.bytes()).await {
-                Ok(Ok(b)) => return Ok(b),
-                Ok(Err(e)) => last = Some(self.transport(r, file, e)),
-                Err(_) => {}
-            }
+            _ => return Err(self.status_error(r, file, &resp).into()),
         }
-        Err(match last {
-            Some(e) => e.into(),
-            None => RemoteError::Short {
-                repo: r.repo.clone(),
-                commit: r.commit.clone(),
-                file: file.to_owned(),
-                what: format!(
-                    "bytes {start}-{end} did not arrive after {} attempts",
-                    self.cfg.max_retries + 1
-                ),
-            },
-        })
+        Ok(tokio::time::timeout(self.cfg.stall_timeout, resp.bytes())
+            .await
+            .map_err(|_| stalled())?
+            .map_err(|e| self.transport(r, file, e))?)
     }
 
     /// Read and validate the header of a remote `.safetensors` file with range requests only.
@@ -201,16 +227,10 @@ impl Hub {
             reason,
         };
         let probe = self.get_range(r, file, 0, HEAD_PROBE - 1).await?;
-        let n_bytes: [u8; 8] = probe
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| bad("shorter than 8 bytes".into()))?;
-        let n = u64::from_le_bytes(n_bytes);
-        if n > 100_000_000 {
-            return Err(bad(format!("header length {n} is implausible")));
-        }
-        let hdr = if 8 + n <= probe.len() as u64 {
-            probe.slice(8..usize::try_from(8 + n).map_err(|e| bad(e.to_string()))?)
+        let n = safetensors_header::header_len(&probe, None).map_err(|e| bad(e.to_string()))?;
+        let end = usize::try_from(8 + n).map_err(|e| bad(e.to_string()))?;
+        let hdr = if end <= probe.len() {
+            probe.slice(8..end)
         } else {
             let rest = self
                 .get_range(r, file, probe.len() as u64, 8 + n - 1)
@@ -222,38 +242,28 @@ impl Hub {
         if hdr.len() as u64 != n {
             return Err(bad(format!("header has {} bytes, expected {n}", hdr.len())));
         }
-        // Full validation by the safetensors crate (contiguous, sizes match shapes and dtypes).
-        super::verify::data_len_of_header(&hdr).map_err(bad)?;
-        let raw: BTreeMap<String, serde_json::Value> =
-            serde_json::from_slice(&hdr).map_err(|e| bad(e.to_string()))?;
-        let mut out = RemoteSafetensors {
+        let header = safetensors_header::parse(&hdr).map_err(|e| bad(e.to_string()))?;
+        let data_start = header.data_start();
+        Ok(RemoteSafetensors {
             file: file.to_owned(),
             header_len: n,
-            metadata: BTreeMap::new(),
-            tensors: BTreeMap::new(),
-        };
-        for (name, v) in raw {
-            if name == "__metadata__" {
-                out.metadata = serde_json::from_value(v).map_err(|e| bad(e.to_string()))?;
-                continue;
-            }
-            #[derive(serde::Deserialize)]
-            struct Info {
-                dtype: String,
-                shape: Vec<usize>,
-                data_offsets: (u64, u64),
-            }
-            let i: Info = serde_json::from_value(v).map_err(|e| bad(format!("{name}: {e}")))?;
-            out.tensors.insert(
-                name,
-                TensorEntry {
-                    dtype: i.dtype,
-                    shape: i.shape,
-                    file_range: (8 + n + i.data_offsets.0, 8 + n + i.data_offsets.1),
-                },
-            );
-        }
-        Ok(out)
+            metadata: header.metadata,
+            tensors: header
+                .tensors
+                .into_iter()
+                .map(|t| {
+                    let (begin, end) = t.data_offsets;
+                    (
+                        t.name,
+                        TensorEntry {
+                            dtype: t.dtype,
+                            shape: t.shape,
+                            file_range: (data_start + begin, data_start + end),
+                        },
+                    )
+                })
+                .collect(),
+        })
     }
 
     /// Fetch only the named tensors of a remote `.safetensors` file (header + their byte ranges;

@@ -1,16 +1,17 @@
-//! Verifying downloaded files and whole cached snapshots (no network).
+//! Verifying one downloaded or cached file (no network); whole snapshots are checked in
+//! [`super::snapshot`].
 //!
 //! A file is verified when its size is the expected one, its content hashes to the expected
 //! sha256 (the Hub's LFS oid) or git blob sha1 (the ETag of a small file), and — for
 //! `.safetensors` — its header parses and the data section ends exactly at the file size.
 
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
+use sha1::{Digest as _, Sha1};
+use sha2::{Digest as _, Sha256};
 
-use super::cache::HfCache;
+use crate::safetensors_header::ReadError;
 
 /// A problem found while verifying one file.
 #[derive(Debug, thiserror::Error)]
@@ -124,79 +125,112 @@ pub struct Digests {
     pub git_sha1: Option<String>,
 }
 
+/// The digests asked for, fed the bytes of one file in order.
+#[derive(Clone)]
+struct Hashers {
+    sha256: Option<Sha256>,
+    git_sha1: Option<Sha1>,
+}
+
+impl Hashers {
+    /// Hashers for a file of `size` bytes (the git blob sha1 starts with a header naming it).
+    fn new(sha256: bool, git_sha1: bool, size: u64) -> Self {
+        Self {
+            sha256: sha256.then(Sha256::new),
+            git_sha1: git_sha1.then(|| {
+                let mut h = Sha1::new();
+                h.update(format!("blob {size}\0").as_bytes());
+                h
+            }),
+        }
+    }
+
+    fn update(&mut self, b: &[u8]) {
+        if let Some(h) = self.sha256.as_mut() {
+            h.update(b);
+        }
+        if let Some(h) = self.git_sha1.as_mut() {
+            h.update(b);
+        }
+    }
+
+    /// `(sha256, git sha1)` as lowercase hex, for those asked for.
+    fn finish(self) -> (Option<String>, Option<String>) {
+        (
+            self.sha256.map(|h| hex::encode(h.finalize())),
+            self.git_sha1.map(|h| hex::encode(h.finalize())),
+        )
+    }
+}
+
 /// Hash a file (blocking; run it on a blocking thread for big files).
 ///
 /// # Errors
 /// [`VerifyError::Io`] if the file cannot be read.
 pub fn digest_file(path: &Path, sha256: bool, git_sha1: bool) -> Result<Digests, VerifyError> {
-    use sha1::Digest as _;
-    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
-    let size = f.metadata().map_err(io_err(path))?.len();
-    let mut s2 = <sha2::Sha256 as sha2::Digest>::new();
-    let mut s1 = sha1::Sha1::new();
-    s1.update(format!("blob {size}\0").as_bytes());
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        if sha256 {
-            sha2::Digest::update(&mut s2, &buf[..n]);
-        }
-        if git_sha1 {
-            s1.update(&buf[..n]);
-        }
-    }
+    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
+    let mut h = Hashers::new(sha256, git_sha1, size);
+    crate::digest::stream_file(path, 0, None, |b| h.update(b)).map_err(io_err(path))?;
+    let (sha256, git_sha1) = h.finish();
     Ok(Digests {
         size,
-        sha256: sha256.then(|| hex::encode(sha2::Digest::finalize(s2))),
-        git_sha1: git_sha1.then(|| hex::encode(s1.finalize())),
+        sha256,
+        git_sha1,
     })
 }
 
-/// Check that a `.safetensors` file is complete: the header parses (with the `safetensors`
-/// crate's validation) and `8 + N + data_len` equals the file size.
-///
-/// # Errors
-/// [`VerifyError::Safetensors`] naming `file`, or [`VerifyError::Io`].
-pub fn check_safetensors(path: &Path, file: &str) -> Result<(), VerifyError> {
-    let bad = |reason: String| VerifyError::Safetensors {
-        file: file.to_owned(),
-        reason,
-    };
-    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
-    let len = f.metadata().map_err(io_err(path))?.len();
-    let mut n = [0u8; 8];
-    f.read_exact(&mut n)
-        .map_err(|_| bad(format!("file of {len} bytes has no header length")))?;
-    let n = u64::from_le_bytes(n);
-    if n > 100_000_000 || 8 + n > len {
-        return Err(bad(format!(
-            "header length {n} does not fit a {len}-byte file"
-        )));
-    }
-    let mut hdr = vec![0u8; usize::try_from(n).map_err(|e| bad(e.to_string()))?];
-    f.seek(SeekFrom::Start(8)).map_err(io_err(path))?;
-    f.read_exact(&mut hdr).map_err(io_err(path))?;
-    let end = 8 + n + data_len_of_header(&hdr).map_err(bad)?;
-    if end != len {
-        return Err(bad(format!(
-            "data ends at byte {end} but the file has {len} bytes"
-        )));
+/// Compare computed digests with the expected ones.
+fn compare(
+    file: &str,
+    exp: &Expected,
+    sha256: Option<String>,
+    git_sha1: Option<String>,
+) -> Result<(), VerifyError> {
+    for (algo, want, got) in [
+        ("sha256", &exp.sha256, sha256),
+        ("git-sha1", &exp.git_sha1, git_sha1),
+    ] {
+        if let (Some(w), Some(g)) = (want, got)
+            && !w.eq_ignore_ascii_case(&g)
+        {
+            return Err(VerifyError::Hash {
+                file: file.to_owned(),
+                algo,
+                expected: w.clone(),
+                actual: g,
+            });
+        }
     }
     Ok(())
 }
 
-/// Parse and validate a safetensors header (the JSON after the 8-byte length) and return the
-/// length of the data section it describes.
+/// Check that a `.safetensors` file is complete: the header parses and validates (see
+/// [`crate::safetensors_header`]) and `8 + N + data_len` equals the file size.
 ///
 /// # Errors
-/// A description of what is wrong.
-pub fn data_len_of_header(hdr: &[u8]) -> Result<u64, String> {
-    let meta: safetensors::tensor::Metadata =
-        serde_json::from_slice(hdr).map_err(|e| format!("header does not parse: {e}"))?;
-    Ok(meta.data_len() as u64)
+/// [`VerifyError::Safetensors`] naming `file`, or [`VerifyError::Io`].
+pub fn check_safetensors(path: &Path, file: &str) -> Result<(), VerifyError> {
+    match crate::safetensors_header::read(path) {
+        Ok(_) => Ok(()),
+        Err(ReadError::Io { path, source }) => Err(VerifyError::Io { path, source }),
+        Err(ReadError::Header { problem, .. }) => Err(VerifyError::Safetensors {
+            file: file.to_owned(),
+            reason: problem.to_string(),
+        }),
+    }
+}
+
+/// The file's size, when it is the expected one.
+fn checked_size(path: &Path, file: &str, exp: &Expected) -> Result<u64, VerifyError> {
+    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
+    match exp.size {
+        Some(expected) if expected != size => Err(VerifyError::Size {
+            file: file.to_owned(),
+            expected,
+            actual: size,
+        }),
+        _ => Ok(size),
+    }
 }
 
 /// Verify one file against `exp` (and the safetensors rule when `file` ends in `.safetensors`).
@@ -204,36 +238,12 @@ pub fn data_len_of_header(hdr: &[u8]) -> Result<u64, String> {
 /// # Errors
 /// The first problem found, as a [`VerifyError`] naming `file`.
 pub fn verify_file(path: &Path, file: &str, exp: &Expected) -> Result<(), VerifyError> {
-    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
-    if let Some(e) = exp.size
-        && e != size
-    {
-        return Err(VerifyError::Size {
-            file: file.to_owned(),
-            expected: e,
-            actual: size,
-        });
-    }
+    checked_size(path, file, exp)?;
     if file.ends_with(".safetensors") {
         check_safetensors(path, file)?;
     }
     let d = digest_file(path, exp.sha256.is_some(), exp.git_sha1.is_some())?;
-    for (algo, want, got) in [
-        ("sha256", &exp.sha256, &d.sha256),
-        ("git-sha1", &exp.git_sha1, &d.git_sha1),
-    ] {
-        if let (Some(w), Some(g)) = (want, got)
-            && !w.eq_ignore_ascii_case(g)
-        {
-            return Err(VerifyError::Hash {
-                file: file.to_owned(),
-                algo,
-                expected: w.clone(),
-                actual: g.clone(),
-            });
-        }
-    }
-    Ok(())
+    compare(file, exp, d.sha256, d.git_sha1)
 }
 
 /// Digests computed while bytes are written, so a download needs no second read pass.
@@ -241,39 +251,23 @@ pub fn verify_file(path: &Path, file: &str, exp: &Expected) -> Result<(), Verify
 #[derive(Clone)]
 pub(crate) struct StreamHasher {
     size: u64,
-    sha256: Option<sha2::Sha256>,
-    git_sha1: Option<sha1::Sha1>,
+    hashers: Hashers,
     len: u64,
 }
 
 impl StreamHasher {
     /// Hashers for a file of `size` bytes.
     pub(crate) fn new(exp: &Expected, size: u64) -> Self {
-        use sha1::Digest as _;
         Self {
             size,
-            sha256: exp
-                .sha256
-                .is_some()
-                .then(<sha2::Sha256 as sha2::Digest>::new),
-            git_sha1: exp.git_sha1.is_some().then(|| {
-                let mut h = sha1::Sha1::new();
-                h.update(format!("blob {size}\0").as_bytes());
-                h
-            }),
+            hashers: Hashers::new(exp.sha256.is_some(), exp.git_sha1.is_some(), size),
             len: 0,
         }
     }
 
     /// Hash the next bytes of the file.
     pub(crate) fn update(&mut self, b: &[u8]) {
-        use sha1::Digest as _;
-        if let Some(h) = self.sha256.as_mut() {
-            sha2::Digest::update(h, b);
-        }
-        if let Some(h) = self.git_sha1.as_mut() {
-            h.update(b);
-        }
+        self.hashers.update(b);
         self.len += b.len() as u64;
     }
 
@@ -283,43 +277,17 @@ impl StreamHasher {
         if to < self.len {
             *self = Self::new(exp, self.size);
         }
-        if to == self.len {
-            return Ok(());
-        }
-        let mut f = std::fs::File::open(path)?;
-        f.seek(SeekFrom::Start(self.len))?;
-        let mut left = to - self.len;
-        let mut buf = vec![0u8; 1 << 20];
-        while left > 0 {
-            let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
-            f.read_exact(&mut buf[..want])?;
-            self.update(&buf[..want]);
-            left -= want as u64;
-        }
+        let from = self.len;
+        let hashers = &mut self.hashers;
+        let fed = crate::digest::stream_file(path, from, Some(to), |b| hashers.update(b))?;
+        self.len += fed;
         Ok(())
     }
 
     /// Compare the digests of the `len` bytes hashed with `exp`.
     pub(crate) fn check(self, file: &str, exp: &Expected) -> Result<(), VerifyError> {
-        use sha1::Digest as _;
-        let got256 = self.sha256.map(|h| hex::encode(sha2::Digest::finalize(h)));
-        let got1 = self.git_sha1.map(|h| hex::encode(h.finalize()));
-        for (algo, want, got) in [
-            ("sha256", &exp.sha256, got256),
-            ("git-sha1", &exp.git_sha1, got1),
-        ] {
-            if let (Some(w), Some(g)) = (want, got)
-                && !w.eq_ignore_ascii_case(&g)
-            {
-                return Err(VerifyError::Hash {
-                    file: file.to_owned(),
-                    algo,
-                    expected: w.clone(),
-                    actual: g,
-                });
-            }
-        }
-        Ok(())
+        let (sha256, git_sha1) = self.hashers.finish();
+        compare(file, exp, sha256, git_sha1)
     }
 }
 
@@ -334,290 +302,13 @@ pub(crate) fn verify_streamed(
     exp: &Expected,
     mut hasher: StreamHasher,
 ) -> Result<(), VerifyError> {
-    let size = std::fs::metadata(path).map_err(io_err(path))?.len();
-    if let Some(e) = exp.size
-        && e != size
-    {
-        return Err(VerifyError::Size {
-            file: file.to_owned(),
-            expected: e,
-            actual: size,
-        });
-    }
+    let size = checked_size(path, file, exp)?;
     // Normally a no-op: the hasher saw every byte written.
     hasher.catch_up(path, size, exp).map_err(io_err(path))?;
     if file.ends_with(".safetensors") {
         check_safetensors(path, file)?;
     }
     hasher.check(file, exp)
-}
-
-/// A "verified" stamp: the blob's size and modification time when it was last verified.
-fn stamp_value(path: &Path) -> Option<String> {
-    let m = std::fs::metadata(path).ok()?;
-    let mtime = m.modified().ok()?.duration_since(UNIX_EPOCH).ok()?;
-    Some(format!("{} {}", m.len(), mtime.as_nanos()))
-}
-
-/// Record that the blob `etag` of `repo` was verified as it is now.
-pub(crate) fn write_stamp(cache: &HfCache, repo: &str, etag: &str) {
-    let blob = cache.blob_path(repo, etag);
-    if let Some(v) = stamp_value(&blob) {
-        let dir = cache.stamp_dir(repo);
-        if std::fs::create_dir_all(&dir).is_ok() {
-            let _ = std::fs::write(dir.join(etag), v);
-        }
-    }
-}
-
-/// Whether the blob is unchanged since it was verified (same size and mtime).
-pub(crate) fn stamp_ok(cache: &HfCache, repo: &str, etag: &str) -> bool {
-    let blob = cache.blob_path(repo, etag);
-    let stamp = std::fs::read_to_string(cache.stamp_dir(repo).join(etag)).ok();
-    stamp.is_some() && stamp == stamp_value(&blob)
-}
-
-pub(crate) fn remove_stamp(cache: &HfCache, repo: &str, etag: &str) {
-    let _ = std::fs::remove_file(cache.stamp_dir(repo).join(etag));
-}
-
-/// One file of a snapshot manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ManifestEntry {
-    /// Repository-relative path.
-    pub path: String,
-    /// Blob name (ETag).
-    pub etag: String,
-    /// What the file must be.
-    pub expected: Expected,
-}
-
-pub(crate) fn manifest_path(cache: &HfCache, repo: &str, commit: &str) -> PathBuf {
-    cache.stamp_dir(repo).join(format!("{commit}.json"))
-}
-
-/// Merge `entries` into the manifest of `repo@commit` (written by every fetch).
-pub(crate) fn update_manifest(
-    cache: &HfCache,
-    repo: &str,
-    commit: &str,
-    entries: &[ManifestEntry],
-) {
-    let p = manifest_path(cache, repo, commit);
-    let mut all: Vec<ManifestEntry> = std::fs::read(&p)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    for e in entries {
-        all.retain(|x| x.path != e.path);
-        all.push(e.clone());
-    }
-    all.sort_by(|a, b| a.path.cmp(&b.path));
-    if let (Some(dir), Ok(json)) = (p.parent(), serde_json::to_vec_pretty(&all))
-        && std::fs::create_dir_all(dir).is_ok()
-    {
-        let tmp = p.with_extension("json.sd-tmp");
-        if std::fs::write(&tmp, json).is_ok() {
-            let _ = std::fs::rename(&tmp, &p);
-        }
-    }
-}
-
-/// Result of verifying a cached snapshot.
-#[derive(Debug)]
-pub struct VerifyReport {
-    /// Repository id.
-    pub repo: String,
-    /// The commit verified.
-    pub commit: String,
-    /// Files found and verified.
-    pub verified: Vec<String>,
-    /// Problems found, one per bad or missing file.
-    pub problems: Vec<VerifyError>,
-}
-
-impl VerifyReport {
-    /// Whether every file is present and verified.
-    #[must_use]
-    pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
-    }
-}
-
-/// Verify a cached snapshot with no network: every file `wanted` (default: the files our last
-/// fetch recorded for this commit, plus whatever the snapshot directory holds) must be present
-/// and its blob must hash to its name (sha256 or git sha1 ETag), match the recorded size and
-/// sha256, and pass the safetensors check. Works on caches written by `huggingface_hub` too.
-/// Stamps are refreshed for good blobs and removed for bad ones, so a normal fetch re-fetches them.
-///
-/// `revision` is a commit or a branch recorded under `refs/`.
-///
-/// # Errors
-/// [`VerifyError::NoSnapshot`] when the snapshot (or the branch ref) is not in the cache; every
-/// per-file problem is returned in [`VerifyReport::problems`] instead.
-pub fn verify_snapshot(
-    cache: &HfCache,
-    repo: &str,
-    revision: &str,
-    wanted: Option<&[String]>,
-) -> Result<VerifyReport, VerifyError> {
-    let commit = if super::is_commit_hash(revision) {
-        revision.to_owned()
-    } else {
-        cache
-            .read_ref(repo, revision)
-            .ok()
-            .flatten()
-            .ok_or_else(|| VerifyError::NoSnapshot {
-                repo: repo.to_owned(),
-                revision: revision.to_owned(),
-                path: cache.ref_path(repo, revision),
-            })?
-    };
-    let snap = cache.snapshot_dir(repo, &commit);
-    if !snap.is_dir() {
-        return Err(VerifyError::NoSnapshot {
-            repo: repo.to_owned(),
-            revision: revision.to_owned(),
-            path: snap,
-        });
-    }
-    let manifest: Vec<ManifestEntry> = std::fs::read(manifest_path(cache, repo, &commit))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    // huggingface_hub >= 2 caches the Hub's listing in `trees/<commit>.json`: use its sizes and
-    // hashes for files our own manifest does not cover (a cache written by the Python client).
-    let python_tree = read_python_tree(&cache.repo_dir(repo), &commit);
-    let mut files: Vec<String> = match wanted {
-        Some(w) => w.to_vec(),
-        None => {
-            let mut f: Vec<String> = manifest.iter().map(|m| m.path.clone()).collect();
-            list_snapshot(&snap, &snap, &mut f);
-            f
-        }
-    };
-    files.sort();
-    files.dedup();
-    let mut report = VerifyReport {
-        repo: repo.to_owned(),
-        commit: commit.clone(),
-        verified: Vec::new(),
-        problems: Vec::new(),
-    };
-    for file in files {
-        let missing = || VerifyError::Missing {
-            repo: repo.to_owned(),
-            revision: commit.clone(),
-            file: file.clone(),
-        };
-        let Ok(path) = cache.snapshot_path(repo, &commit, &file) else {
-            report.problems.push(missing());
-            continue;
-        };
-        if !path.is_file() {
-            report.problems.push(missing());
-            continue;
-        }
-        let etag = HfCache::linked_etag(&path);
-        let mut exp = etag.as_deref().map(Expected::from_etag).unwrap_or_default();
-        if let Some(m) = manifest.iter().find(|m| m.path == file) {
-            exp.size = m.expected.size.or(exp.size);
-            exp.sha256 = m.expected.sha256.clone().or(exp.sha256);
-        } else if let Some(t) = python_tree.get(&file) {
-            exp.size = Some(t.size);
-            match &t.lfs_sha256 {
-                Some(sha) => exp.sha256 = Some(sha.to_ascii_lowercase()),
-                None => exp.git_sha1 = Some(t.blob_id.to_ascii_lowercase()),
-            }
-        }
-        match verify_file(&path, &file, &exp) {
-            Ok(()) => {
-                if let Some(e) = &etag {
-                    write_stamp(cache, repo, e);
-                }
-                report.verified.push(file);
-            }
-            Err(e) => {
-                if let Some(t) = &etag {
-                    remove_stamp(cache, repo, t);
-                }
-                report.problems.push(e);
-            }
-        }
-    }
-    Ok(report)
-}
-
-/// The paths our manifest of `repo@commit` records.
-pub(crate) fn manifest_paths(cache: &HfCache, repo: &str, commit: &str) -> Vec<String> {
-    std::fs::read(manifest_path(cache, repo, commit))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Vec<ManifestEntry>>(&b).ok())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| m.path)
-        .collect()
-}
-
-/// The paths `huggingface_hub`'s cached listing of `repo@commit` names.
-pub(crate) fn python_tree_paths(cache: &HfCache, repo: &str, commit: &str) -> Vec<String> {
-    read_python_tree(&cache.repo_dir(repo), commit)
-        .into_keys()
-        .collect()
-}
-
-/// Every file below a snapshot directory, relative to it.
-pub(crate) fn snapshot_files(snap: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    list_snapshot(snap, snap, &mut out);
-    out
-}
-
-#[derive(Deserialize)]
-struct PyTreeEntry {
-    size: u64,
-    blob_id: String,
-    lfs_sha256: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct PyTree {
-    format_version: u32,
-    files: std::collections::BTreeMap<String, PyTreeEntry>,
-}
-
-fn read_python_tree(
-    repo_dir: &Path,
-    commit: &str,
-) -> std::collections::BTreeMap<String, PyTreeEntry> {
-    std::fs::read(repo_dir.join("trees").join(format!("{commit}.json")))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<PyTree>(&b).ok())
-        .filter(|t| t.format_version == 1)
-        .map(|t| t.files)
-        .unwrap_or_default()
-}
-
-fn list_snapshot(root: &Path, dir: &Path, out: &mut Vec<String>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        if p.is_dir() && !p.is_symlink() {
-            list_snapshot(root, &p, out);
-        } else if let Ok(rel) = p.strip_prefix(root) {
-            let rel = rel.to_string_lossy().replace('\\', "/");
-            if !rel
-                .rsplit('/')
-                .next()
-                .is_some_and(|n| n.starts_with('.') && n.ends_with(".sd-tmp"))
-            {
-                out.push(rel);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -659,7 +350,7 @@ mod tests {
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let full = Expected {
             size: Some(data.len() as u64),
-            sha256: Some(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data))),
+            sha256: Some(crate::digest::sha256_hex(&data)),
             git_sha1: digest_file_bytes(&data),
         };
         // Written in three goes, hashed partly while writing, partly by catching up from disk.
@@ -684,37 +375,6 @@ mod tests {
             verify_streamed(&p, "f", &full, h),
             Err(VerifyError::Hash { .. })
         ));
-    }
-
-    #[test]
-    fn python_tree_listing_adds_expectations() {
-        let d = tempfile::tempdir().unwrap();
-        let cache = HfCache::new(d.path());
-        let (repo, commit) = ("o/n", "0123456789012345678901234567890123456789");
-        std::fs::create_dir_all(cache.blob_path(repo, "x").parent().unwrap()).unwrap();
-        // A blob whose name is no hash we know (as with an unusual mirror): only the Python
-        // tree listing can tell its size is wrong.
-        std::fs::write(cache.blob_path(repo, "opaque-etag"), b"12345").unwrap();
-        cache
-            .link_snapshot(repo, commit, "a.txt", "opaque-etag")
-            .unwrap();
-        assert!(verify_snapshot(&cache, repo, commit, None).unwrap().is_ok());
-        let trees = cache.repo_dir(repo).join("trees");
-        std::fs::create_dir_all(&trees).unwrap();
-        std::fs::write(
-            trees.join(format!("{commit}.json")),
-            r#"{"format_version":1,"files":{"a.txt":{"size":6,"blob_id":"00"}}}"#,
-        )
-        .unwrap();
-        let r = verify_snapshot(&cache, repo, commit, None).unwrap();
-        assert!(
-            matches!(
-                r.problems.as_slice(),
-                [VerifyError::Size { expected: 6, .. }]
-            ),
-            "{:?}",
-            r.problems
-        );
     }
 
     fn digest_file_bytes(data: &[u8]) -> Option<String> {

@@ -46,6 +46,7 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         binds: Some(binds),
         network_mode: Some(spec.network_mode.clone()),
         ipc_mode: Some(spec.ipc_mode.clone()),
+        runtime: Some(spec.runtime.clone()),
         device_requests,
         devices: Some(devices),
         ulimits: Some(

@@ -1,6 +1,6 @@
 //! GPU clock caps must be equal on every node: a rank on a slower clock paces the pair.
 
-use super::report::CheckResult;
+use super::report::{Check, CheckResult};
 use super::smi::GpuClocks;
 
 fn distinct<T: PartialEq + Copy>(vals: &[Option<T>]) -> bool {
@@ -16,7 +16,7 @@ pub fn compare(nodes: &[(String, Vec<GpuClocks>)]) -> Vec<CheckResult> {
     for (node, gpus) in nodes {
         match gpus.first() {
             None => out.push(CheckResult::fail(
-                "gpu.clocks",
+                Check::GpuClocks,
                 node,
                 "no GPU in `nvidia-smi -q -d CLOCK`",
                 "install the NVIDIA driver and check `nvidia-smi`",
@@ -58,22 +58,22 @@ pub fn compare(nodes: &[(String, Vec<GpuClocks>)]) -> Vec<CheckResult> {
     let any_lock_reported = locks.iter().any(Option::is_some);
     if any_lock_reported && (locks.iter().any(Option::is_none) || distinct(&locks)) {
         out.push(CheckResult::fail(
-            "gpu.clocks",
+            Check::GpuClocks,
             "all",
             observed,
             format!("locked clocks differ between nodes; {lgc}"),
         ));
     } else if distinct(&maxes) || distinct(&apps) {
         out.push(CheckResult::fail(
-            "gpu.clocks",
+            Check::GpuClocks,
             "all",
             observed,
             format!("clock caps differ between nodes; {lgc}"),
         ));
     } else if !any_lock_reported {
-        out.push(CheckResult::warn("gpu.clocks", "all", observed, format!("the driver reports no clock lock, so equal caps cannot be confirmed; to pin them, {lgc}")));
+        out.push(CheckResult::warn(Check::GpuClocks, "all", observed, format!("the driver reports no clock lock, so equal caps cannot be confirmed; to pin them, {lgc}")));
     } else {
-        out.push(CheckResult::ok("gpu.clocks", "all", observed));
+        out.push(CheckResult::ok(Check::GpuClocks, "all", observed));
     }
     out
 }

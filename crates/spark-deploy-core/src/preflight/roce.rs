@@ -1,11 +1,12 @@
-//! RoCE facts of a node's fabric port (ENGINE-CONTRACT.md §12.4): the netdev and source address
-//! towards the peer, the RoCE devices ("twins") of that port and the RoCE v2 GID index of the
+//! RoCE facts of a node's fabric port: the netdev and source address towards the peer, the RoCE devices ("twins") of that port and the RoCE v2 GID index of the
 //! fabric address — detected at every start, because the index can move across reboots.
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use serde::Serialize;
+
+use super::report::Finding;
 
 /// Read access to a sysfs tree (a real `/sys`, a tree a test built, or a dump taken over SSH).
 pub trait Sysfs {
@@ -85,25 +86,21 @@ pub struct RoceFacts {
     pub gid_index: u32,
     /// Netdev MTU, when readable.
     pub mtu: Option<u32>,
-    /// Accepted but risky findings (MTU below 9000, a single rail).
-    pub warnings: Vec<String>,
+    /// Accepted but risky findings (MTU below 9000, a single rail), each with its remedy.
+    pub warnings: Vec<Finding>,
 }
 
-/// Why RoCE detection failed; every variant says what to fix.
+/// Why RoCE detection failed; [`RoceError::remedy`] says what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RoceError {
     /// The netdev has no RDMA device.
-    #[error(
-        "netdev {netdev} has no RDMA device under /sys/class/net/{netdev}/device/infiniband; remedy: route the fabric address over the ConnectX-7 port (check `ip -4 addr` and FABRIC_PEER)"
-    )]
+    #[error("netdev {netdev} has no RDMA device under /sys/class/net/{netdev}/device/infiniband")]
     NoDevice {
         /// Netdev.
         netdev: String,
     },
     /// A device's port is not ACTIVE.
-    #[error(
-        "RoCE device {device} port 1 is {state:?}, not ACTIVE; remedy: check the cable and `ibv_devinfo -d {device}`"
-    )]
+    #[error("RoCE device {device} port 1 is {state:?}, not ACTIVE")]
     NotActive {
         /// Device.
         device: String,
@@ -111,9 +108,7 @@ pub enum RoceError {
         state: String,
     },
     /// No RoCE v2 GID carries the fabric address.
-    #[error(
-        "RoCE device {device} has no RoCE v2 GID for {addr}; remedy: the address must be configured on the device's netdev (an all-zero or RoCE v1 entry makes NCCL fail a minute in)"
-    )]
+    #[error("RoCE device {device} has no RoCE v2 GID for {addr}")]
     NoGid {
         /// Device.
         device: String,
@@ -121,13 +116,33 @@ pub enum RoceError {
         addr: Ipv4Addr,
     },
     /// The twins resolve to different indices.
-    #[error(
-        "RoCE twins disagree on the GID index ({detail}); remedy: give both halves of the port the same address configuration"
-    )]
+    #[error("RoCE twins disagree on the GID index ({detail})")]
     TwinsDisagree {
         /// Device → index pairs.
         detail: String,
     },
+}
+
+impl RoceError {
+    /// What fixes it.
+    #[must_use]
+    pub fn remedy(&self) -> String {
+        match self {
+            Self::NoDevice { .. } => "route the fabric address over the ConnectX-7 port: it must be configured on that port's netdev (`ip -4 addr`), and nodes[].fabric_addr (FABRIC_PEER) must name it".to_owned(),
+            Self::NotActive { device, .. } => format!("check the cable and the link: `ibv_devinfo -d {device}` must show PORT_ACTIVE"),
+            Self::NoGid { addr, .. } => format!("configure {addr} on the device's netdev (`ip -4 addr`); an all-zero or RoCE v1 entry makes NCCL fail a minute into the start"),
+            Self::TwinsDisagree { .. } => "give both halves of the port the same address configuration (the same IPv4 on both netdevs), then check `ls /sys/class/infiniband/*/ports/1/gids`".to_owned(),
+        }
+    }
+
+    /// The error as an observation and its remedy.
+    #[must_use]
+    pub fn finding(&self) -> Finding {
+        Finding {
+            observed: self.to_string(),
+            remedy: self.remedy(),
+        }
+    }
 }
 
 /// The IPv4-mapped GID string of `addr` as sysfs prints it.
@@ -207,11 +222,29 @@ pub fn detect(sys: &dyn Sysfs, route: &Route) -> Result<RoceFacts, RoceError> {
         .read(&format!("/sys/class/net/{}/mtu", route.dev))
         .and_then(|m| m.parse().ok());
     let mut warnings = Vec::new();
-    if mtu.is_some_and(|m| m < 9000) {
-        warnings.push(format!("{} MTU {} < 9000: NCCL all-gather runs ~10 % slower; remedy: `ip link set {} mtu 9000` on both nodes", route.dev, mtu.unwrap_or(0), route.dev));
+    if let Some(m) = mtu.filter(|m| *m < 9000) {
+        warnings.push(Finding {
+            observed: format!(
+                "{} MTU {m} < 9000: NCCL all-gather runs ~10 % slower",
+                route.dev
+            ),
+            remedy: format!(
+                "`sudo ip link set {} mtu 9000` on both nodes (and persist it in netplan)",
+                route.dev
+            ),
+        });
     }
     if devices.len() == 1 {
-        warnings.push(format!("only one RoCE device ({primary}) carries {}: the second rail is unused (about half the bandwidth)", route.src));
+        warnings.push(Finding {
+            observed: format!(
+                "only one RoCE device ({primary}) carries {}: the second rail is unused (about half the bandwidth)",
+                route.src
+            ),
+            remedy: format!(
+                "configure {} on the port's second netdev too, so both RoCE devices carry it",
+                route.src
+            ),
+        });
     }
     Ok(RoceFacts {
         netdev: route.dev.clone(),

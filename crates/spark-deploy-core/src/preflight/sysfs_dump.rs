@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use super::roce::Sysfs;
 
 /// The dump script: `D\t<dir>\t<entries>` and `F\t<file>\t<content>` lines. `$1` is the sysfs
-/// root (default `/sys`: a testbed or test points it at a fixture tree); paths are printed as
-/// below `/sys` either way.
+/// root (the node's `sysfs_root`, default `/sys`); paths are printed as below `/sys` either way.
 pub const SCRIPT: &str = r#"R="${1:-/sys}"
 d() { [ -d "$1" ] && printf 'D\t/sys%s\t%s\n' "${1#"$R"}" "$(ls -1 "$1" 2>/dev/null | tr '\n' ' ')"; }
 f() { [ -f "$1" ] && printf 'F\t/sys%s\t%s\n' "${1#"$R"}" "$(head -c 200 "$1" 2>/dev/null | tr '\n\t' '  ')"; }

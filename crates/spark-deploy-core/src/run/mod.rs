@@ -220,8 +220,25 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::config::{DeploymentConfig, validate};
+    use crate::config::{DeploymentConfig, ValidatedConfig, validate};
     use crate::event::Recorder;
+
+    /// A deployment named `name` whose worker is `root@127.0.0.1:port`, with empty key and
+    /// known_hosts files in `dir`.
+    fn worker_on_loopback(dir: &std::path::Path, name: &str, port: u16) -> ValidatedConfig {
+        let (id, kh) = (dir.join("id"), dir.join("known_hosts"));
+        std::fs::write(&id, "").unwrap();
+        std::fs::write(&kh, "").unwrap();
+        let mut raw = DeploymentConfig::default();
+        raw.deployment.name = name.into();
+        raw.deployment.state_dir = dir.join("state").display().to_string();
+        let w = &mut raw.nodes[1];
+        w.ssh = "root@127.0.0.1".into();
+        w.ssh_port = Some(port);
+        w.identity_file = id.display().to_string();
+        w.known_hosts = kh.display().to_string();
+        validate(raw, dir).unwrap()
+    }
 
     /// A worker whose sshd accepts and never answers: preflight waits on it until cancelled.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -230,19 +247,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let accepted = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
         let dir = tempfile::tempdir().unwrap();
-        let (id, kh) = (dir.path().join("id"), dir.path().join("known_hosts"));
-        std::fs::write(&id, "").unwrap();
-        std::fs::write(&kh, "").unwrap();
-        let mut raw = DeploymentConfig::default();
-        raw.deployment.testbed = true;
-        raw.deployment.name = "cancel-test-absent".into();
-        raw.deployment.state_dir = dir.path().join("state").display().to_string();
-        let w = &mut raw.nodes[1];
-        w.ssh = "root@127.0.0.1".into();
-        w.ssh_port = port;
-        w.identity_file = id.display().to_string();
-        w.known_hosts = kh.display().to_string();
-        let config = validate(raw, dir.path()).unwrap();
+        let config = worker_on_loopback(dir.path(), "cancel-test-absent", port);
         let ctx = Arc::new(Context::new(config.clone(), Arc::new(Recorder::default())));
         let plan = Plan::from_steps(
             &config,
@@ -300,19 +305,7 @@ mod tests {
             l.local_addr().unwrap().port()
         };
         let dir = tempfile::tempdir().unwrap();
-        let (id, kh) = (dir.path().join("id"), dir.path().join("known_hosts"));
-        std::fs::write(&id, "").unwrap();
-        std::fs::write(&kh, "").unwrap();
-        let mut raw = DeploymentConfig::default();
-        raw.deployment.testbed = true;
-        raw.deployment.name = "restart-test-absent".into();
-        raw.deployment.state_dir = dir.path().join("state").display().to_string();
-        let w = &mut raw.nodes[1];
-        w.ssh = "root@127.0.0.1".into();
-        w.ssh_port = port;
-        w.identity_file = id.display().to_string();
-        w.known_hosts = kh.display().to_string();
-        let config = validate(raw, dir.path()).unwrap();
+        let config = worker_on_loopback(dir.path(), "restart-test-absent", port);
         let rec = Recorder::default();
         let ctx = Context::new(config.clone(), Arc::new(rec.clone()));
         let err = Plan::restart(&config).run(&ctx).await.unwrap_err();

@@ -2,13 +2,13 @@ use serde::Serialize;
 
 use std::sync::Mutex;
 
+use crate::commit::is_commit_id;
 use crate::config::ValidatedConfig;
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
 use crate::engine::Engine;
 use crate::event::StepKind;
 use crate::event::{Event, Level};
-use crate::facts::is_commit;
 use crate::hub::{FetchEvent, FetchProgress, HfToken, Hub, HubConfig};
 use crate::layout::hub_dir;
 
@@ -197,7 +197,7 @@ impl FetchProgress for ProgressEvents<'_> {
                 StepKind::FetchCheckpoint,
                 Some(&self.node),
                 Level::Warn,
-                format!("{event:?}"),
+                event.to_string(),
             ),
             _ => {}
         }
@@ -328,7 +328,7 @@ impl FetchCheckpoint {
                     let remedy = e.remedy();
                     return Err(StepFailure::new(StepKind::FetchCheckpoint, e, remedy));
                 }
-                Err(e) if e.is_unreachable() && is_commit(&r.revision) => {
+                Err(e) if e.is_unreachable() && is_commit_id(&r.revision) => {
                     // A Hub outage (or an air-gapped re-run) does not stop a deployment whose
                     // pinned snapshot our last fetch completed and that still verifies.
                     let unreachable = crate::preflight::decide::error_chain(&e);

@@ -1,6 +1,6 @@
 //! Before anything is copied to a worker: every destination directory must be writable by the
 //! SSH user and hold nothing owned by someone else (a cache written by a root container is the
-//! peers' classic failure, RECIPE.md pain point 10). Checked on the worker through its Exec port.
+//! usual failure when a node was first set up by hand). Checked on the worker through its Exec port.
 
 use crate::ports::exec::{Cmd, Exec, ExecError};
 

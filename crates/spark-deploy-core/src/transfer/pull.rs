@@ -1,11 +1,9 @@
 //! The worker side: pull, resume, verify, record — driven through the worker's Exec port.
 
 use std::collections::HashMap;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt as _;
-use sha2::{Digest, Sha256};
 
 use super::server::FileServer;
 use super::{FileJob, TransferError};
@@ -84,17 +82,7 @@ fn head_sha(path: &Path, cache: &mut HashMap<String, String>) -> Result<String, 
     if let Some(s) = cache.get(&key) {
         return Ok(s.clone());
     }
-    let mut f = std::fs::File::open(path).map_err(err)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(err)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    let s = hex::encode(h.finalize());
+    let s = crate::digest::sha256_file(path).map_err(err)?;
     cache.insert(key, s.clone());
     Ok(s)
 }
@@ -241,8 +229,10 @@ pub async fn transfer(
             return Err(pull_err(
                 &j.to,
                 format!(
-                    "exit {:?}: {}",
-                    out.status.code(),
+                    "{}: {}",
+                    out.status
+                        .code()
+                        .map_or_else(|| "killed by a signal".to_owned(), |c| format!("exit {c}")),
                     String::from_utf8_lossy(&out.stderr).trim()
                 ),
             ));

@@ -278,7 +278,7 @@ mod port {
             let hub = Hub::new(cfg)?;
             let pinned = hub.resolve(&repo, &revision).await?;
             let files = hub.list_files(&pinned).await?;
-            let wanted: Vec<_> = select(&files, &include).into_iter().cloned().collect();
+            let wanted: Vec<_> = select(&files, &include)?.into_iter().cloned().collect();
             let progress = |e: &FetchEvent| {
                 if let FetchEvent::Retrying { file, reason, .. } = e {
                     eprintln!("sd-hub fetch: retrying {file}: {reason}");

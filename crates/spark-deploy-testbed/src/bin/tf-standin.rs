@@ -6,20 +6,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let env = std::env::vars_os()
-        .map(|(k, v)| {
-            (
-                k.to_string_lossy().into_owned(),
-                v.to_string_lossy().into_owned(),
-            )
-        })
-        .collect();
-    let mut out = std::io::stdout();
-    let mut err = std::io::stderr();
-    ExitCode::from(spark_deploy_testbed::standin::run(
-        &argv, &env, &mut out, &mut err,
-    ))
+    ExitCode::from(spark_deploy_testbed::standin::run_process())
 }

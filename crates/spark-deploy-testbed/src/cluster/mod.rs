@@ -9,7 +9,10 @@
 //!   sources, imported without a registry and cached by a recipe label ([`image`]);
 //! - a fresh client key and per-worker host key ([`keys`]) and the known_hosts file;
 //! - worker `i` as container `spark-deploy-testbed-worker-<i>` at 198.18.0.(i+1) (fabric) and
-//!   198.18.1.(i+1) (management), running a real sshd ([`worker`]).
+//!   198.18.1.(i+1) (management), running a real sshd ([`worker`]);
+//! - the GPU and RoCE facts every node presents: an `nvidia-smi` answering with outputs captured
+//!   on an NVIDIA host, and a sysfs tree with a RoCE device on the node's real fabric netdev
+//!   ([`crate::host_facts`]).
 //!
 //! [`down`] removes every container, network, volume and image labelled
 //! `io.spark-deploy.testbed=1`, and the state directory; nothing else.
@@ -106,6 +109,13 @@ pub enum TestbedError {
     /// Another Docker call failed.
     #[error(transparent)]
     Docker(#[from] DockerError),
+    /// The hosts' GPU and RoCE facts could not be installed.
+    #[error(
+        "cannot give the testbed's hosts their GPU and RoCE facts (remedy: check that the worker \
+         answers over SSH and has a route to the head's fabric address, then run `spark-deploy \
+         testbed up` again)"
+    )]
+    HostFacts(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Options of [`up`] and [`down`].
@@ -184,11 +194,10 @@ impl WorkerInfo {
     /// The SSH target of this worker (10 s connect timeout).
     pub fn ssh_target(&self) -> SshTarget {
         SshTarget {
-            destination: self.ssh_destination.clone(),
-            port: self.ssh_port,
-            identity_file: self.identity_file.clone(),
-            known_hosts: self.known_hosts.clone(),
-            connect_timeout: Duration::from_secs(10),
+            port: Some(self.ssh_port),
+            identity_file: Some(self.identity_file.clone()),
+            known_hosts: Some(self.known_hosts.clone()),
+            ..SshTarget::new(self.ssh_destination.clone())
         }
     }
 
@@ -455,6 +464,9 @@ async fn build(
         workers,
         up_millis: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
     };
+    crate::host_facts::install(&info)
+        .await
+        .map_err(TestbedError::HostFacts)?;
     let path = state_dir.join(INFO_FILE);
     let json = serde_json::to_vec_pretty(&info).map_err(|source| TestbedError::StateParse {
         path: path.clone(),

@@ -160,6 +160,24 @@ pub fn run(
     }
 }
 
+/// Runs the stand-in as this process: `argv` and the environment of the process, stdout and
+/// stderr; the exit code. For `tf-standin` and the multi-call `spark-deploy` binary.
+#[must_use]
+pub fn run_process() -> u8 {
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let env = std::env::vars_os()
+        .map(|(k, v)| {
+            (
+                k.to_string_lossy().into_owned(),
+                v.to_string_lossy().into_owned(),
+            )
+        })
+        .collect();
+    run(&argv, &env, &mut std::io::stdout(), &mut std::io::stderr())
+}
+
 /// Whether `name` (the base name of `argv[0]`) is one of the engine binaries the stand-in runs as.
 #[must_use]
 pub fn is_engine_name(name: &str) -> bool {

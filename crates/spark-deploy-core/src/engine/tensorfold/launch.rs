@@ -142,6 +142,7 @@ fn base_spec(
         mounts,
         network_mode: node.network_mode.clone(),
         ipc_mode: "host".into(),
+        runtime: c.engine.runtime.clone(),
         gpus: if facts.gpu {
             "all".into()
         } else {

@@ -126,15 +126,15 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Links (or, across file systems, copies) every regular file below `from` into `to`, following
 /// symlinks (HF snapshots are symlinks into `blobs/`): the engine ignores symlinks and a container
 /// cannot follow links out of its mount.
-fn link_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
+fn link_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> std::io::Result<u64> {
     let mut n = 0;
     std::fs::create_dir_all(to)?;
     for e in std::fs::read_dir(from)? {
         let e = e?;
         let (src, dst) = (e.path(), to.join(e.file_name()));
         if std::fs::metadata(&src)?.is_dir() {
-            n += link_tree(&src, &dst)?;
-        } else if !dst.exists() {
+            n += link_tree(&src, &dst, keep)?;
+        } else if keep(&src) && !dst.exists() {
             let real = std::fs::canonicalize(&src)?;
             if std::fs::hard_link(&real, &dst).is_err() {
                 let tmp = dst.with_extension("partial");
@@ -289,7 +289,7 @@ impl RankInputs {
                 // The kit: the published files (hard-linked), generated RoPE tables and bias when missing,
                 // then every MANIFEST entry checked.
                 if kit_src.is_dir() {
-                    link_tree(&kit_src, &kit_dir)
+                    link_tree(&kit_src, &kit_dir, &|_| true)
                         .map_err(|e| (Box::new(e) as BoxError, "the kit must be readable"))?;
                 }
                 if !kit_dir.join("rope-plain-cos.f32").exists() {
@@ -324,7 +324,10 @@ impl RankInputs {
                     )
                 })?;
                 notes.push(format!("kit OK: {files} files match MANIFEST"));
-                let linked = link_tree(&original, &engram_dir).map_err(|e| {
+                // Only the Engram shards: the engine reads the tables, nothing else of the
+                // original model (its config and index stay in the HF cache).
+                let is_shard = |p: &Path| p.extension().is_some_and(|e| e == "safetensors");
+                let linked = link_tree(&original, &engram_dir, &is_shard).map_err(|e| {
                     (
                         Box::new(e) as BoxError,
                         "the Engram shards must be on the head's local disk",

@@ -49,10 +49,10 @@ pub enum Via {
     },
     /// The node's socket forwarded over SSH.
     Ssh {
-        /// `user@host`.
+        /// The SSH destination (`user@host`, `host` or an ssh config alias).
         destination: String,
-        /// SSH port.
-        port: u16,
+        /// SSH port, when set explicitly (otherwise ssh's resolution).
+        port: Option<u16>,
         /// Remote socket path.
         remote_socket: PathBuf,
     },
@@ -66,11 +66,13 @@ impl fmt::Display for Via {
                 destination,
                 port,
                 remote_socket,
-            } => write!(
-                f,
-                "SSH tunnel to {destination}:{port}:{}",
-                remote_socket.display()
-            ),
+            } => {
+                write!(f, "SSH tunnel to {destination}")?;
+                if let Some(port) = port {
+                    write!(f, ":{port}")?;
+                }
+                write!(f, ":{}", remote_socket.display())
+            }
         }
     }
 }
@@ -445,13 +447,19 @@ mod tests {
     fn via_names_the_tunnel() {
         let v = Via::Ssh {
             destination: "root@198.18.1.2".into(),
-            port: 22,
+            port: Some(22),
             remote_socket: DEFAULT_SOCKET.into(),
         };
         assert_eq!(
             v.to_string(),
             "SSH tunnel to root@198.18.1.2:22:/var/run/docker.sock"
         );
+        let v = Via::Ssh {
+            destination: "sparky".into(),
+            port: None,
+            remote_socket: DEFAULT_SOCKET.into(),
+        };
+        assert_eq!(v.to_string(), "SSH tunnel to sparky:/var/run/docker.sock");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The image routing bias file `vision/gate_bias_vl.safetensors` (ENGINE-CONTRACT.md §9): every
+//! The image routing bias file `vision/gate_bias_vl.safetensors` every rank reads: every
 //! `*.ffn.gate.bias_vl` tensor of the original checkpoint, copied byte for byte, found through its
 //! `model.safetensors.index.json`; only those byte ranges are read. The layout follows the kit's
 //! `make_bias_vl.py` (names sorted, `__metadata__` last, `json.dumps` spacing, space padding) so
@@ -191,10 +191,9 @@ pub fn write_tensors(tensors: &[BiasTensor], out: &Path) -> Result<BiasVlReport,
     let tmp = out.with_extension("safetensors.partial");
     std::fs::write(&tmp, &blob).map_err(io(&tmp))?;
     std::fs::rename(&tmp, out).map_err(io(out))?;
-    use sha2::Digest;
     Ok(BiasVlReport {
         tensors: tensors.len(),
         bytes: blob.len() as u64,
-        sha256: hex::encode(sha2::Sha256::digest(&blob)),
+        sha256: crate::digest::sha256_hex(&blob),
     })
 }

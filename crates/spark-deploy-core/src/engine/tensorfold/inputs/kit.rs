@@ -1,10 +1,7 @@
-//! Kernel kit verification against its `MANIFEST` (`sha256sum` format), ENGINE-CONTRACT.md §8.
+//! Kernel kit verification: every file the kit's `MANIFEST` lists (`sha256sum` format,
+//! `<sha256>  <path>` per line) must be present with that sha256.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-
-use sha2::{Digest, Sha256};
 
 /// Why the kit was refused.
 #[derive(Debug, thiserror::Error)]
@@ -39,23 +36,7 @@ pub enum KitError {
     },
 }
 
-/// The sha256 of a file, streamed, as lowercase hex.
-///
-/// # Errors
-/// I/O errors.
-pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex::encode(h.finalize()))
-}
+use crate::digest::sha256_file;
 
 /// Parses a `sha256sum` file: `(sha256, relative path)` per line (a leading `*` marks binary mode).
 ///

@@ -1,4 +1,4 @@
-//! Per-rank inputs of the dsv41 engine (ENGINE-CONTRACT.md §3–§10): rank weight files (TFDSRK01),
+//! Per-rank inputs of the dsv41 engine: rank weight files (TFDSRK01),
 //! token map, RoPE tables, image routing bias and kit verification.
 //!
 //! Entry points for the `BuildRankCache` step:

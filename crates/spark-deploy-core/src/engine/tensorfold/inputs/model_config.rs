@@ -1,5 +1,5 @@
-//! The dsv41 checkpoint's `config.json` as the engine reads it (ENGINE-CONTRACT.md §5.1a), and the
-//! engine's shape guard (§5.6).
+//! The dsv41 checkpoint's `config.json` as the engine reads it, and the engine's shape guard (the
+//! one checkpoint shape it serves).
 
 use std::path::{Path, PathBuf};
 
@@ -42,7 +42,7 @@ pub enum ModelConfigError {
         /// What is wrong.
         problem: String,
     },
-    /// The engine's shape guard refuses the config (ENGINE-CONTRACT.md §5.6).
+    /// The engine's shape guard refuses the config.
     #[error(
         "{path}: field `{field}` is {found}, the TensorFold dsv41 engine only serves {expected}; use the DeepSeek-V4.1-Flash EXL3 mul1 checkpoint"
     )]
@@ -362,8 +362,8 @@ impl ModelConfig {
         let s = |field: &str, found: &str, expected: &str| ModelConfigError::Shape {
             path: path.to_path_buf(),
             field: field.to_owned(),
-            found: format!("{found:?}"),
-            expected: format!("{expected:?}"),
+            found: format!("`{found}`"),
+            expected: format!("`{expected}`"),
         };
         if self.model_type != "deepseek_v41" {
             return Err(s("model_type", &self.model_type, "deepseek_v41"));
@@ -448,7 +448,7 @@ impl ModelConfig {
 pub(crate) mod tests {
     use super::*;
 
-    /// The real checkpoint's config, trimmed to the fields the engine reads (ENGINE-CONTRACT.md §5.1a).
+    /// The real checkpoint's config, trimmed to the fields the engine reads.
     pub(crate) const FLASH: &str = r#"{"model_type": "deepseek_v41", "bos_token_id": 0, "eos_token_id": 1, "image_token_id": 129264,
  "quantization_config": {"quant_method": "exl3", "codebook": "mul1"},
  "text_config": {"vocab_size": 129280, "hidden_size": 5120, "moe_intermediate_size": 2304,

@@ -1,5 +1,5 @@
-//! The TFDSRK01 rank weight file (ENGINE-CONTRACT.md §4): index text, file name, discovery and the
-//! reader rules the engine applies.
+//! The TFDSRK01 rank weight file each rank loads: index text, file name, discovery and the reader
+//! rules the engine applies.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -7,7 +7,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use super::dtype::DType;
 
@@ -29,7 +28,8 @@ pub enum RankFileError {
     },
     /// A key that the format cannot hold.
     #[error(
-        "index key {key:?} is not ASCII; the engine refuses such keys (this is a bug in the split plan)"
+        "index key `{}` is not ASCII; the engine refuses such keys (this is a bug in the split plan: report it with the checkpoint's config.json)",
+        key.escape_debug()
     )]
     NonAsciiKey {
         /// The key.
@@ -92,6 +92,22 @@ pub struct IndexRow {
     pub bytes: u64,
 }
 
+/// `` `key` DTYPE [d0, d1] at byte O, N bytes ``.
+impl std::fmt::Display for IndexRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shape: Vec<String> = self.shape.iter().map(ToString::to_string).collect();
+        write!(
+            f,
+            "`{}` {} [{}] at byte {}, {} bytes",
+            self.key,
+            self.dtype,
+            shape.join(", "),
+            self.offset,
+            self.bytes
+        )
+    }
+}
+
 /// `s` as a JSON string the way the engine's writer escapes it (`rank_cache.zig` `jsonString`).
 ///
 /// # Errors
@@ -123,7 +139,7 @@ pub fn json_key(s: &str) -> Result<String, RankFileError> {
     Ok(out)
 }
 
-/// The index JSON text, byte-exact (ENGINE-CONTRACT.md §4.1).
+/// The index JSON text, byte for byte as the engine's writer produces it.
 ///
 /// # Errors
 /// A non-ASCII key or a dtype without a torch name.
@@ -160,7 +176,7 @@ pub fn index_json<'a>(
 /// `rank{R}of{W}-{first 20 hex of sha256(index)}.bin`.
 #[must_use]
 pub fn file_name(rank: usize, world: usize, index: &[u8]) -> String {
-    let h = hex::encode(Sha256::digest(index));
+    let h = crate::digest::sha256_hex(index);
     format!("rank{rank}of{world}-{}.bin", &h[..20])
 }
 
@@ -250,7 +266,7 @@ pub struct RankFileIndex {
     pub file_len: u64,
 }
 
-/// Reads a rank file's footer and index and applies the engine's reader rules (§4.2).
+/// Reads a rank file's footer and index and applies the engine's reader rules.
 ///
 /// # Errors
 /// I/O errors and [`RankFileError::Malformed`] naming the broken rule.

@@ -1,7 +1,8 @@
-//! RoPE tables (ENGINE-CONTRACT.md §7): `rope-{plain,compressed}-{cos,sin}.f32`, raw little-endian
+//! RoPE tables: `rope-{plain,compressed}-{cos,sin}.f32`, raw little-endian
 //! fp32 `[rows, rope_dim / 2]`, and `rope.json` with their sha256.
 //!
-//! Computed natively in fp32 after §7's definition. Torch's own `pow`/`cos`/`sin` decide the last
+//! Computed natively in fp32: YaRN-scaled inverse frequencies ([`RopeParams::freqs`]), then
+//! `cos`/`sin` of `position × frequency` per row. Torch's own `pow`/`cos`/`sin` decide the last
 //! bits of the published tables, so when the kit ships a `rope.json` the generated files are
 //! compared with its hashes and refused on a mismatch (use the kit's published tables then).
 
@@ -74,7 +75,8 @@ pub struct RopeParams {
 
 impl RopeParams {
     /// The plain (`compressed = false`) or compressed-KV parameters of a config. The compressed
-    /// tables use `compress_rope_theta` with the same YaRN parameters (inferred, §7).
+    /// tables use `compress_rope_theta` with the same YaRN parameters (inferred from the kit's
+    /// published tables).
     #[must_use]
     pub fn from_config(c: &ModelConfig, compressed: bool) -> Self {
         Self {
@@ -91,7 +93,8 @@ impl RopeParams {
         }
     }
 
-    /// The `dim / 2` frequencies, fp32, after §7.
+    /// The `dim / 2` inverse frequencies `base^(-2i/dim)`, fp32, blended towards `1/factor` of
+    /// themselves over the YaRN ramp between the `beta_fast` and `beta_slow` correction dims.
     #[must_use]
     pub fn freqs(&self) -> Vec<f32> {
         let dim = self.dim;

@@ -2,16 +2,12 @@
 //! Only headers are read (8 + N bytes a shard); tensor data is never touched here.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use super::dtype::DType;
-
-/// The largest header the safetensors format allows.
-const MAX_HEADER: u64 = 100_000_000;
+use crate::safetensors_header::{self, HeaderError, ReadError};
 
 /// Why a shard header or the index json was refused.
 #[derive(Debug, thiserror::Error)]
@@ -125,125 +121,48 @@ pub struct ShardHeader {
     pub tensors: Vec<TensorInfo>,
 }
 
-/// Reads and validates one shard's header with two positioned reads.
+/// Reads and validates one shard's header (see [`crate::safetensors_header`]).
 ///
 /// # Errors
 /// I/O errors, a malformed header, overlapping or gapped data, a size that disagrees with a
 /// tensor's shape, or a file length other than `8 + N + data`.
 pub fn read_shard_header(path: &Path) -> Result<ShardHeader, SafetensorsError> {
-    let io = |source| SafetensorsError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let bad = |problem: String| SafetensorsError::Header {
-        path: path.to_path_buf(),
-        problem,
-    };
-    let file = File::open(path).map_err(io)?;
-    let file_len = file.metadata().map_err(io)?.len();
-    if file_len < 8 {
-        return Err(bad(format!("file is {file_len} bytes long")));
-    }
-    let mut n = [0u8; 8];
-    file.read_exact_at(&mut n, 0).map_err(io)?;
-    let n = u64::from_le_bytes(n);
-    if n > MAX_HEADER || 8 + n > file_len {
-        return Err(bad(format!(
-            "header length {n} is impossible for a {file_len}-byte file"
-        )));
-    }
-    let mut text = vec![0u8; n as usize];
-    file.read_exact_at(&mut text, 8).map_err(io)?;
-    if text.first() != Some(&b'{') {
-        return Err(bad("header does not start with '{'".into()));
-    }
-    let v: Value = serde_json::from_slice(&text).map_err(|e| bad(format!("header JSON: {e}")))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| bad("header is not an object".into()))?;
-    let data_start = 8 + n;
-    let mut metadata = BTreeMap::new();
-    let mut tensors = Vec::with_capacity(obj.len());
-    let mut ranges = Vec::with_capacity(obj.len());
-    for (name, t) in obj {
-        if name == "__metadata__" {
-            if let Some(m) = t.as_object() {
-                for (k, v) in m {
-                    metadata.insert(k.clone(), v.as_str().unwrap_or_default().to_owned());
-                }
-            }
-            continue;
-        }
-        let dtype_name = t
-            .get("dtype")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad(format!("tensor `{name}` has no dtype")))?
-            .to_owned();
-        let shape: Vec<usize> = t
-            .get("shape")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad(format!("tensor `{name}` has no shape")))?
-            .iter()
-            .map(|d| d.as_u64().map(|d| d as usize))
-            .collect::<Option<_>>()
-            .ok_or_else(|| bad(format!("tensor `{name}` has a bad shape")))?;
-        let offs = t
-            .get("data_offsets")
-            .and_then(Value::as_array)
-            .filter(|a| a.len() == 2)
-            .and_then(|a| Some((a[0].as_u64()?, a[1].as_u64()?)))
-            .ok_or_else(|| bad(format!("tensor `{name}` has bad data_offsets")))?;
-        if offs.1 < offs.0 {
-            return Err(bad(format!("tensor `{name}` ends before it starts")));
-        }
-        let dtype = DType::from_safetensors(&dtype_name);
-        if let Some(d) = dtype {
-            let want = shape.iter().product::<usize>() as u64 * d.size() as u64;
-            if want != offs.1 - offs.0 {
-                return Err(bad(format!(
-                    "tensor `{name}` {dtype_name} {shape:?} needs {want} bytes, its offsets span {}",
-                    offs.1 - offs.0
-                )));
-            }
-        }
-        ranges.push(offs);
-        tensors.push(TensorInfo {
-            name: name.clone(),
-            dtype_name,
-            dtype,
-            shape,
+    let (header, file_len) = safetensors_header::read(path).map_err(|e| match e {
+        ReadError::Io { path, source } => SafetensorsError::Io { path, source },
+        ReadError::Header {
+            path,
+            problem: HeaderError::FileLength { expected, found },
+        } => SafetensorsError::Length {
+            path,
+            expected,
+            found,
+        },
+        ReadError::Header { path, problem } => SafetensorsError::Header {
+            path,
+            problem: problem.to_string(),
+        },
+    })?;
+    let data_start = header.data_start();
+    let tensors = header
+        .tensors
+        .into_iter()
+        .map(|t| TensorInfo {
+            dtype: DType::from_safetensors(&t.dtype),
+            dtype_name: t.dtype,
+            name: t.name,
+            shape: t.shape,
             shard: 0,
-            offset: data_start + offs.0,
-            len: offs.1 - offs.0,
-        });
-    }
-    let mut order: Vec<usize> = (0..tensors.len()).collect();
-    order.sort_by_key(|&i| ranges[i]);
-    let mut at = 0u64;
-    for &i in &order {
-        if ranges[i].0 != at {
-            return Err(bad(format!(
-                "tensor `{}` starts at {} but the previous one ends at {at} (gap or overlap)",
-                tensors[i].name, ranges[i].0
-            )));
-        }
-        at = ranges[i].1;
-    }
-    if data_start + at != file_len {
-        return Err(SafetensorsError::Length {
-            path: path.to_path_buf(),
-            expected: data_start + at,
-            found: file_len,
-        });
-    }
-    let tensors = order.into_iter().map(|i| tensors[i].clone()).collect();
+            offset: data_start + t.data_offsets.0,
+            len: t.data_offsets.1 - t.data_offsets.0,
+        })
+        .collect();
     Ok(ShardHeader {
         shard: Shard {
             path: path.to_path_buf(),
             len: file_len,
             data_start,
         },
-        metadata,
+        metadata: header.metadata,
         tensors,
     })
 }

@@ -1,4 +1,4 @@
-//! The TP split plan (ENGINE-CONTRACT.md §5.2): every tensor rank R of world W loads, in the
+//! The tensor-parallel split plan: every tensor rank R of world W loads, in the
 //! engine's load order, with the engine's keys. Pure data from `config.json`.
 
 use super::dtype::DType;
@@ -196,26 +196,31 @@ pub fn plan(
     }
     let s = Split { rank, world };
     // Validate every split quantity up front (each boundary a multiple of 16).
+    // A rank's share of a product must itself be a multiple of 16.
+    let by_16 = |what: &'static str, share: usize, value: usize| {
+        if share.is_multiple_of(16) {
+            Ok(share)
+        } else {
+            Err(SplitPlanError::Indivisible {
+                what,
+                value,
+                rank,
+                world,
+            })
+        }
+    };
     let heads_per = s.part("num_attention_heads", c.heads, 1)?;
-    let q_cols = heads_per * c.head_dim;
-    if !q_cols.is_multiple_of(16) {
-        return Err(SplitPlanError::Indivisible {
-            what: "num_attention_heads × head_dim",
-            value: c.heads * c.head_dim,
-            rank,
-            world,
-        });
-    }
+    let q_cols = by_16(
+        "num_attention_heads × head_dim",
+        heads_per * c.head_dim,
+        c.heads * c.head_dim,
+    )?;
     let groups_per = s.part("o_groups", c.o_groups, 1)?;
-    let wo_b_rows = groups_per * c.o_lora;
-    if !wo_b_rows.is_multiple_of(16) {
-        return Err(SplitPlanError::Indivisible {
-            what: "o_groups × o_lora_rank",
-            value: c.o_groups * c.o_lora,
-            rank,
-            world,
-        });
-    }
+    let wo_b_rows = by_16(
+        "o_groups × o_lora_rank",
+        groups_per * c.o_lora,
+        c.o_groups * c.o_lora,
+    )?;
     let inter = s.part("moe_intermediate_size", c.expert_width, 16)?;
     let vocab = s.part("vocab_size", c.vocab, 16)?;
     let engram_rows = if c.engram_layers.is_empty() {

@@ -1,4 +1,4 @@
-//! The Engram compressed token map (ENGINE-CONTRACT.md §6): for every token id, the id of its
+//! The Engram compressed token map every rank reads: for every token id, the id of its
 //! normalised text, numbered in order of first appearance.
 //!
 //! Decoding follows the Hugging Face `tokenizers` library for the tokenizer types supported here:
@@ -159,7 +159,12 @@ impl Tokenizer {
             None | Some(Value::Null) => Decoder::None,
             Some(d) => match d.get("type").and_then(Value::as_str) {
                 Some("ByteLevel") => Decoder::ByteLevel,
-                other => return Err(unsupported(format!("decoder {other:?}"))),
+                other => {
+                    return Err(unsupported(format!(
+                        "decoder {}",
+                        other.unwrap_or("without a type")
+                    )));
+                }
             },
         };
         let mut tokens: HashMap<u32, String> =

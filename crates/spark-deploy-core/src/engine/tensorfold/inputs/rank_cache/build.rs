@@ -1,0 +1,128 @@
+//! Writing a planned rank file under its final name, and its sidecar.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::copy::for_each_chunk;
+use super::plan::RankCachePlan;
+use super::{ExistingRankFile, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase};
+use crate::engine::tensorfold::inputs::rank_file;
+
+/// Writes the planned rank file into `out_dir`: `.rank{R}of{W}.partial`, fsync, rename to
+/// [`RankCachePlan::file_name`], fsync of the directory. Returns the final path.
+///
+/// # Errors
+/// [`RankCacheError::Exists`] when `out_dir` already holds a `rank{R}of{W}-*.bin` (unless
+/// [`ExistingRankFile::MoveAside`]); read or write failures; [`RankCacheError::Cancelled`] when
+/// the progress callback stops the build. On any error the partial file is removed, and no file
+/// is ever left under a final name.
+pub fn build_rank_cache(
+    plan: &RankCachePlan,
+    out_dir: &Path,
+    opts: &RankCacheOptions,
+    progress: ProgressFn<'_>,
+) -> Result<PathBuf, RankCacheError> {
+    let io = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        let rank = plan.rank;
+        move |source| RankCacheError::Io {
+            rank,
+            op,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(out_dir).map_err(io("create", out_dir))?;
+    let existing = rank_file::rank_files(out_dir, plan.rank, plan.world)?;
+    if !existing.is_empty() && opts.existing == ExistingRankFile::Refuse {
+        return Err(RankCacheError::Exists {
+            dir: out_dir.to_path_buf(),
+            rank: plan.rank,
+            world: plan.world,
+            existing,
+        });
+    }
+    let partial = out_dir.join(rank_file::partial_name(plan.rank, plan.world));
+    let out = File::create(&partial).map_err(io("create", &partial))?;
+    let result = (|| {
+        out.set_len(plan.file_len()).map_err(io("size", &partial))?;
+        let sink = |start: u64, buf: &[u8]| {
+            out.write_all_at(buf, start)
+                .map_err(|source| RankCacheError::Io {
+                    rank: plan.rank,
+                    op: "write",
+                    path: partial.clone(),
+                    source,
+                })
+        };
+        for_each_chunk(plan, opts, RankCachePhase::Write, progress, &sink)?;
+        let trailer = rank_file::trailer(plan.index_json.as_bytes(), plan.data_bytes);
+        out.write_all_at(&trailer, plan.data_bytes)
+            .map_err(io("write", &partial))?;
+        out.sync_all().map_err(io("fsync", &partial))?;
+        Ok(())
+    })();
+    drop(out);
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    // The directory may have gained a file while we wrote: check again.
+    let existing = rank_file::rank_files(out_dir, plan.rank, plan.world)?;
+    if !existing.is_empty() {
+        if opts.existing == ExistingRankFile::Refuse {
+            let _ = std::fs::remove_file(&partial);
+            return Err(RankCacheError::Exists {
+                dir: out_dir.to_path_buf(),
+                rank: plan.rank,
+                world: plan.world,
+                existing,
+            });
+        }
+        let aside = out_dir.join("superseded");
+        std::fs::create_dir_all(&aside).map_err(io("create", &aside))?;
+        for old in existing {
+            let to = aside.join(old.file_name().unwrap_or_default());
+            std::fs::rename(&old, &to).map_err(io("move aside", &old))?;
+            let side = sidecar_path(&old);
+            if side.exists() {
+                let to = aside.join(side.file_name().unwrap_or_default());
+                std::fs::rename(&side, &to).map_err(io("move aside", &side))?;
+            }
+        }
+    }
+    let dest = out_dir.join(&plan.file_name);
+    std::fs::rename(&partial, &dest).map_err(io("rename", &partial))?;
+    let side = sidecar_path(&dest);
+    let side_tmp = out_dir.join(format!(
+        ".{}.partial",
+        side.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    std::fs::write(
+        &side_tmp,
+        plan.sidecar_json(opts.source_label.as_deref(), opts.overlay.as_deref()),
+    )
+    .map_err(io("write", &side_tmp))?;
+    std::fs::rename(&side_tmp, &side).map_err(io("rename", &side_tmp))?;
+    File::open(out_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync", out_dir))?;
+    Ok(dest)
+}
+
+/// `<rank file>.source.json`: the sidecar a build leaves next to the rank file (the engine only
+/// looks at `*.bin`).
+#[must_use]
+pub fn sidecar_path(rank_file: &Path) -> PathBuf {
+    let mut name = rank_file.file_name().unwrap_or_default().to_os_string();
+    name.push(".source.json");
+    rank_file.with_file_name(name)
+}
+
+/// The sidecar of a rank file, if present and readable.
+#[must_use]
+pub fn read_sidecar(rank_file: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read(sidecar_path(rank_file)).ok()?;
+    serde_json::from_slice(&text).ok()
+}

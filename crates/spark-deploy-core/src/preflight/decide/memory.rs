@@ -1,0 +1,220 @@
+//! Memory: `MemAvailable` against the configured floor, and the rank's budget (the engine's
+//! memory model, `preflight::budget`) against `MemAvailable`.
+
+use super::{NodeFacts, RankWeights, Settings, gib};
+use crate::preflight::budget::{self, MemoryInputs, RankBudget};
+use crate::preflight::meminfo;
+use crate::preflight::report::{Check, CheckResult};
+
+/// The memory budget row of one node: the arithmetic in the observed text; on failure the
+/// largest CONTEXT that fits there, or that none does.
+#[must_use]
+pub fn memory_budget(
+    settings: &Settings,
+    node: &str,
+    weights: RankWeights,
+    available: u64,
+) -> CheckResult {
+    let inputs = MemoryInputs {
+        weights_per_rank: weights.bytes,
+        context: settings.context,
+        reserve: settings.reserve,
+    };
+    let b = RankBudget::of(&inputs);
+    let observed = format!(
+        "weights {} ({}) + arena {} + KV {} + RoPE {} + reserve {} = {} GiB vs MemAvailable {} GiB (CONTEXT {})",
+        gib(b.weights),
+        weights.source.describe(),
+        gib(b.arena),
+        gib(b.kv),
+        gib(b.rope),
+        gib(b.reserve),
+        gib(b.total()),
+        gib(available),
+        settings.context
+    );
+    if b.total() <= available {
+        return CheckResult::ok(Check::MemoryBudget, node, observed);
+    }
+    let remedy = budget::largest_pool(&inputs, available, settings.max_pool).map_or_else(
+        || {
+            format!(
+                "no CONTEXT fits: even the smallest pool (2048) needs more than {} GiB; free memory on this node (stop other GPU work, `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`)",
+                gib(available)
+            )
+        },
+        |p| {
+            let fit = RankBudget::of(&MemoryInputs {
+                context: p,
+                ..inputs
+            });
+            format!(
+                "set CONTEXT ≤ {p}, the largest pool that fits here ({} GiB), or free memory",
+                gib(fit.total())
+            )
+        },
+    );
+    CheckResult::fail(Check::MemoryBudget, node, observed, remedy)
+}
+
+pub(super) fn decide(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
+    let n = f.name.as_str();
+    let minimum = u64::from(s.min_avail_gib) << 30;
+    let avail = match &f.meminfo {
+        Ok(m) => meminfo::mem_available(m),
+        Err(e) => {
+            out.push(CheckResult::fail(
+                Check::MemoryAvailable,
+                n,
+                e.clone(),
+                format!("/proc/meminfo must be readable on {n} by the SSH user"),
+            ));
+            return;
+        }
+    };
+    let Some(avail) = avail else {
+        out.push(CheckResult::fail(
+            Check::MemoryAvailable,
+            n,
+            "no MemAvailable in /proc/meminfo",
+            "run a Linux kernel ≥ 3.14 (the first to report MemAvailable)",
+        ));
+        return;
+    };
+    let shown = format!(
+        "MemAvailable {} GiB (floor {} GiB)",
+        gib(avail),
+        s.min_avail_gib
+    );
+    out.push(if avail >= minimum {
+        CheckResult::ok(Check::MemoryAvailable, n, shown)
+    } else {
+        CheckResult::fail(
+            Check::MemoryAvailable,
+            n,
+            shown,
+            format!(
+                "free memory to reach {} GiB: stop other GPU work, `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`, wait for the page cache to drop",
+                s.min_avail_gib
+            ),
+        )
+    });
+    out.push(match f.rank_weights {
+        Some(w) => memory_budget(s, n, w, avail),
+        None => CheckResult::warn(
+            Check::MemoryBudget,
+            n,
+            "the rank's weight bytes are unknown: no rank file, no cached checkpoint index, and the Hub did not list the checkpoint",
+            "run `spark-deploy fetch` (or make the Hub reachable), then `spark-deploy preflight` again to check the budget",
+        ),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::WeightsSource;
+    use super::super::testing::{GIB, healthy, pair, remedy, row, seed};
+    use super::*;
+    use crate::preflight::budget::{RANK_WEIGHT_BYTES, RESERVE_BYTES};
+    use crate::preflight::decide::decide as decide_all;
+    use crate::preflight::report::Verdict;
+
+    fn rank_file(bytes: u64) -> RankWeights {
+        RankWeights {
+            bytes,
+            source: WeightsSource::RankFile,
+        }
+    }
+
+    #[test]
+    fn seed_budget_passes_on_125_gib() {
+        let r = memory_budget(&seed(), "n", rank_file(RANK_WEIGHT_BYTES), 125 * GIB);
+        assert_eq!(r.verdict, Verdict::Ok, "{r:?}");
+        assert_eq!(
+            r.observed,
+            "weights 98.7 (rank file) + arena 16.0 + KV 0.9 + RoPE 0.5 + reserve 4.0 = 120.1 GiB vs MemAvailable 125.0 GiB (CONTEXT 1048576)"
+        );
+    }
+
+    #[test]
+    fn seed_budget_fails_on_110_gib_naming_the_largest_context() {
+        let r = memory_budget(&seed(), "n", rank_file(RANK_WEIGHT_BYTES), 110 * GIB);
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(
+            r.observed.contains("= 120.1 GiB vs MemAvailable 110.0 GiB"),
+            "{r:?}"
+        );
+        let inputs = MemoryInputs {
+            weights_per_rank: RANK_WEIGHT_BYTES,
+            context: 0,
+            reserve: RESERVE_BYTES,
+        };
+        let p = budget::largest_pool(&inputs, 110 * GIB, 1_114_063).unwrap();
+        assert_eq!(p, 299_008, "arena 6 GiB is the last step that fits 7.3 GiB");
+        assert!(remedy(&r).contains(&format!("set CONTEXT ≤ {p},")), "{r:?}");
+        let over = RankBudget::of(&MemoryInputs {
+            context: p + 2048,
+            ..inputs
+        });
+        assert!(over.total() > 110 * GIB, "{p} is the boundary");
+    }
+
+    #[test]
+    fn seed_budget_on_100_gib_says_no_context_fits() {
+        let r = memory_budget(&seed(), "n", rank_file(RANK_WEIGHT_BYTES), 100 * GIB);
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(remedy(&r).starts_with("no CONTEXT fits"), "{r:?}");
+    }
+
+    #[test]
+    fn the_budget_uses_each_nodes_measured_weights() {
+        // A small checkpoint fits where the seed's would not: the weights come from the inputs,
+        // not from a constant.
+        let (a, b) = pair();
+        let mut h = healthy(0, &a);
+        h.meminfo = Ok(format!("MemAvailable: {} kB\n", 12 * 1024 * 1024));
+        h.rank_weights = Some(RankWeights {
+            bytes: 300 << 20,
+            source: WeightsSource::Checkpoint,
+        });
+        let s = Settings {
+            context: 4096,
+            min_avail_gib: 1,
+            ..seed()
+        };
+        let d = decide_all(&s, &[h, healthy(1, &b)]);
+        let r = row(&d, Check::MemoryBudget, "head");
+        assert_eq!(r.verdict, Verdict::Ok, "{r:?}");
+        assert!(
+            r.observed
+                .starts_with("weights 0.3 (cached checkpoint / ranks) + arena 3.0"),
+            "{r:?}"
+        );
+        // The same node with the seed's rank file does not fit.
+        let mut h = healthy(0, &a);
+        h.meminfo = Ok(format!("MemAvailable: {} kB\n", 12 * 1024 * 1024));
+        let d = decide_all(&s, &[h, healthy(1, &b)]);
+        assert_eq!(row(&d, Check::MemoryBudget, "head").verdict, Verdict::Fail);
+        // Unknown weights: a warning that says how to get them, not a pass.
+        let mut h = healthy(0, &a);
+        h.rank_weights = None;
+        let d = decide_all(&seed(), &[h, healthy(1, &b)]);
+        let r = row(&d, Check::MemoryBudget, "head");
+        assert_eq!(r.verdict, Verdict::Warn, "{r:?}");
+        assert!(remedy(r).contains("spark-deploy fetch"), "{r:?}");
+    }
+
+    #[test]
+    fn mem_available_below_the_floor_fails() {
+        let (a, b) = pair();
+        let s = Settings {
+            min_avail_gib: 200, // above the machine's memory
+            ..seed()
+        };
+        let d = decide_all(&s, &[healthy(0, &a), healthy(1, &b)]);
+        let r = row(&d, Check::MemoryAvailable, "worker-1");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(r.observed.contains("MemAvailable 125.0 GiB"), "{r:?}");
+        assert!(remedy(r).contains("drop_caches"), "{r:?}");
+    }
+}

@@ -1,0 +1,242 @@
+//! The preflight decisions as one pure function: [`decide`] turns the raw facts of every node
+//! ([`NodeFacts`]: command outputs as text, a [`Sysfs`] view, probe results) and the settings drawn
+//! from the configuration ([`Settings`]) into the table's rows. Collection lives in
+//! `steps::preflight`; nothing here touches a node, so every failing case is tested on built facts.
+//!
+//! One module per check family: [`access`] (SSH / local Exec, sudo, Docker), [`gpu`] (the
+//! container runtime, other GPU users, the driver, clocks), [`memory`] (the floor and the
+//! budget), [`disk`], [`fabric`] (route, address, RoCE, MTU) and [`ports`].
+
+pub mod access;
+pub mod disk;
+pub mod fabric;
+pub mod gpu;
+pub mod memory;
+pub mod ports;
+#[cfg(test)]
+mod testing;
+
+use std::net::Ipv4Addr;
+
+pub use access::{error_chain, ssh_remedy};
+pub use disk::{DiskFacts, Missing, df_free_bytes};
+pub use memory::memory_budget;
+pub use ports::PortProbe;
+
+use super::report::CheckResult;
+use super::roce::{RoceFacts, Route, Sysfs};
+use crate::config::ValidatedConfig;
+
+/// What [`decide`] needs from the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The container runtime the ranks run under (`engine.runtime`): it must be registered in
+    /// every node's Docker daemon.
+    pub runtime: String,
+    /// `MemAvailable` floor, GiB.
+    pub min_avail_gib: u32,
+    /// The CONTEXT pool (`serving.context`).
+    pub context: u64,
+    /// The engine's largest pool.
+    pub max_pool: u64,
+    /// Reserve bytes for the budget.
+    pub reserve: u64,
+}
+
+impl Settings {
+    /// The settings of `config`.
+    #[must_use]
+    pub fn of(config: &ValidatedConfig) -> Self {
+        let c = config.config();
+        Self {
+            runtime: c.engine.runtime.clone(),
+            min_avail_gib: c.lifecycle.min_avail_gib,
+            context: c.serving.context,
+            max_pool: config.limits().max_pool,
+            reserve: super::budget::RESERVE_BYTES,
+        }
+    }
+}
+
+/// Why the Docker probe failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DockerProbe {
+    /// The daemon answered a ping.
+    Reachable,
+    /// The socket could not be reached (through SSH for workers).
+    Unreachable(String),
+    /// The socket was reached but the ping failed.
+    PingFailed(String),
+}
+
+/// Where a rank's weight bytes for the memory budget come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightsSource {
+    /// The rank file already built on the head: its size, exactly what the engine counts.
+    RankFile,
+    /// The cached checkpoint's `total_size` split over the ranks.
+    Checkpoint,
+    /// The checkpoint listed at the Hub, its weight files' sizes split over the ranks.
+    Hub,
+    /// The engine profile's figure for the model it was made for (nothing measured yet).
+    ProfileEstimate,
+}
+
+impl WeightsSource {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::RankFile => "rank file",
+            Self::Checkpoint => "cached checkpoint / ranks",
+            Self::Hub => "checkpoint at the Hub / ranks",
+            Self::ProfileEstimate => "estimate for this model",
+        }
+    }
+}
+
+/// A rank's weight bytes and where they come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankWeights {
+    /// Bytes.
+    pub bytes: u64,
+    /// Their source.
+    pub source: WeightsSource,
+}
+
+/// The raw facts of one node, as collected; `Err` holds the failing command's error text.
+pub struct NodeFacts {
+    /// Node name.
+    pub name: String,
+    /// Position in `nodes` (0 = head).
+    pub index: usize,
+    /// SSH target (`local` for the head).
+    pub ssh: String,
+    /// The configured fabric address, if any.
+    pub fabric_addr: Option<Ipv4Addr>,
+    /// The peer's fabric address, if known.
+    pub peer: Option<Ipv4Addr>,
+    /// Opening the Exec port and running `true`: the full error chain on failure.
+    pub reach: Result<(), String>,
+    /// `sudo -n true` succeeded.
+    pub sudo: bool,
+    /// The Docker probe.
+    pub docker: DockerProbe,
+    /// `nvidia-smi -q -d CLOCK`.
+    pub smi: Option<Result<String, String>>,
+    /// `nvidia-smi --query-gpu=name --format=csv,noheader`: one model name per GPU.
+    pub gpu_model: Option<Result<String, String>>,
+    /// `nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader`.
+    pub gpu_processes: Option<Result<String, String>>,
+    /// The Docker daemon's runtimes (`docker info`).
+    pub runtimes: Option<Result<Vec<String>, String>>,
+    /// Running GPU containers that are not this deployment's ranks.
+    pub gpu_containers: Option<Result<Vec<String>, String>>,
+    /// This deployment's own rank runs on the node (it holds the GPU and its ports until the
+    /// launch restarts it).
+    pub own_rank_running: bool,
+    /// `/proc/meminfo`.
+    pub meminfo: Result<String, String>,
+    /// The weight bytes of this node's rank, when known.
+    pub rank_weights: Option<RankWeights>,
+    /// The directories that receive data, each with its `df` and what still has to land there.
+    pub disks: Vec<DiskFacts>,
+    /// `ip -o -4 route get <peer>` (`None` when the peer is unknown).
+    pub route: Option<Result<String, String>>,
+    /// `<sysfs>/class/net/<route dev>/mtu` (`None` when there is no route).
+    pub mtu: Option<Result<String, String>>,
+    /// The node's sysfs (`None` without a route).
+    pub sysfs: Option<Result<Box<dyn Sysfs + Send + Sync>, String>>,
+    /// `/dev/infiniband` exists.
+    pub infiniband: bool,
+    /// Ports that must be free on this node.
+    pub ports: Vec<PortProbe>,
+}
+
+impl NodeFacts {
+    /// A node about which nothing was collected yet (every fact missing, unreached).
+    #[must_use]
+    pub fn new(name: &str, index: usize, ssh: &str) -> Self {
+        let missing = || Err("not collected".to_owned());
+        Self {
+            name: name.to_owned(),
+            index,
+            ssh: ssh.to_owned(),
+            fabric_addr: None,
+            peer: None,
+            reach: Err("not collected".to_owned()),
+            sudo: false,
+            docker: DockerProbe::Unreachable("not collected".to_owned()),
+            smi: None,
+            gpu_model: None,
+            gpu_processes: None,
+            runtimes: None,
+            gpu_containers: None,
+            own_rank_running: false,
+            meminfo: missing(),
+            rank_weights: None,
+            disks: Vec::new(),
+            route: None,
+            mtu: None,
+            sysfs: None,
+            infiniband: false,
+            ports: Vec::new(),
+        }
+    }
+}
+
+/// What a node's decision detected, for the later steps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Detected {
+    /// The route towards the peer.
+    pub route: Option<Route>,
+    /// RoCE devices and GID index.
+    pub roce: Option<RoceFacts>,
+    /// `/dev/infiniband` exists.
+    pub infiniband: bool,
+    /// The driver lists at least one GPU and the daemon can hand it to a container: the rank
+    /// gets a GPU device request.
+    pub gpu: bool,
+}
+
+/// The rows of the table and what was detected per node (in `nodes` order).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Rows: each node's checks, then the cross-node checks, then the ports.
+    pub results: Vec<CheckResult>,
+    /// Per node.
+    pub detected: Vec<Detected>,
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 30) as f64)
+}
+
+fn decide_node(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Detected {
+    let mut d = Detected {
+        infiniband: f.infiniband,
+        ..Detected::default()
+    };
+    if !access::decide(f, out) {
+        return d;
+    }
+    d.gpu = gpu::decide(s, f, out);
+    memory::decide(s, f, out);
+    disk::decide(f, out);
+    fabric::decide(f, out, &mut d);
+    d
+}
+
+/// Decides every check over the collected facts (`facts` in `nodes` order, head first).
+#[must_use]
+pub fn decide(settings: &Settings, facts: &[NodeFacts]) -> Decision {
+    let mut results = Vec::new();
+    let detected: Vec<Detected> = facts
+        .iter()
+        .map(|f| decide_node(settings, f, &mut results))
+        .collect();
+    results.extend(gpu::compare_clocks(facts));
+    results.extend(fabric::compare_mtu(facts, &detected));
+    for f in facts {
+        results.extend(f.ports.iter().map(|p| ports::decide(&f.name, p)));
+    }
+    Decision { results, detected }
+}
