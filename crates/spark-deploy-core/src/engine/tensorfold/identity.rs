@@ -223,3 +223,36 @@ fn prepared_source(ctx: &Context, specs: &[ContainerSpec]) -> Result<String, Fin
     }
     Ok(label)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(dir: &Path, name: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(name), b"x").unwrap();
+    }
+
+    #[test]
+    fn the_other_ablit_directory_is_found_and_nothing_else() {
+        let d = tempfile::tempdir().unwrap();
+        let genuine = d.path().join("o--m@main");
+        let ablit = d.path().join("o--m@main+ablit@main");
+        let other_rev = d.path().join("o--m@v2");
+        touch(&genuine.join("rank-cache"), "rank0of2-abc.bin");
+        touch(&other_rev.join("rank-cache"), "rank0of2-abc.bin");
+        touch(&ablit.join("rank-cache"), "rank1of2-abc.bin");
+        // Another checkpoint revision is not the same inputs with another ABLIT value.
+        assert_eq!(prepared_elsewhere(&ablit, 0, 2), vec![genuine.clone()]);
+        assert_eq!(prepared_elsewhere(&genuine, 1, 2), vec![ablit.clone()]);
+        assert!(prepared_elsewhere(&genuine, 0, 2).is_empty());
+        assert!(rank_file_in(&ablit.join("rank-cache"), 0, 2).is_none());
+        // A symlink is no rank file (the engine does not see it).
+        std::os::unix::fs::symlink(
+            genuine.join("rank-cache/rank0of2-abc.bin"),
+            ablit.join("rank-cache/rank0of2-abc.bin"),
+        )
+        .unwrap();
+        assert!(rank_file_in(&ablit.join("rank-cache"), 0, 2).is_none());
+    }
+}

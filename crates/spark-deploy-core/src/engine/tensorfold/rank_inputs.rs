@@ -45,6 +45,9 @@ pub struct RankInputs {
     pub kit_dir: String,
     /// One entry per rank.
     pub ranks: Vec<RankOutput>,
+    /// `ABLIT=1`: the overlay repo and revision whose tensors replace the checkpoint's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<String>,
 }
 
 impl RankInputs {
@@ -66,6 +69,10 @@ impl RankInputs {
             })
             .collect();
         Self {
+            overlay: c
+                .model
+                .ablit
+                .then(|| format!("{}@{}", c.model.ablit_id, c.model.ablit_revision)),
             node: c.nodes[0].name.clone(),
             inputs_dir: head.inputs_dir,
             kit_dir: head.kit_dir,
@@ -80,10 +87,16 @@ impl RankInputs {
             .map(|r| {
                 Action::with(
                     &self.node,
-                    format!(
-                        "rank {} weight file for {} (skipped when verify passes)",
-                        r.rank, r.node
-                    ),
+                    match &self.overlay {
+                        None => format!(
+                            "rank {} weight file for {} (skipped when verify passes)",
+                            r.rank, r.node
+                        ),
+                        Some(o) => format!(
+                            "rank {} weight file for {} with the ABLIT overlay {o} replacing the checkpoint's tensors (skipped when verify passes and its sidecar names this source)",
+                            r.rank, r.node
+                        ),
+                    },
                     ActionDetail::Outputs {
                         files: vec![format!("{}/{}", r.dir, r.file)],
                     },
