@@ -40,9 +40,11 @@
 //!   `MissingTensor`, `BadApiKeyFile`, `BindFailed`, `AddressInUse`.
 //! - `ConnectFailed` goes to stderr only (it happens before following); rank 1's
 //!   `{"rank": 1, "follow": …}` lines are for errors while following.
-//! - Rank 0 prints two stand-in lines on stdout: `{"rank": 0, "loaded_s", "pool", "rendezvous"}`
-//!   (SIGTERM is handled from then on) and `{"rank": 0, "serving", "split_proof"}`. HTTP opens
-//!   only after the rendezvous and the proof (whether the engine opens it earlier is not known).
+//! - Rank 0 prints two stand-in lines on stdout: `{"rank": 0, "loaded_s", "pool", "rendezvous",
+//!   "digest"}` (SIGTERM is handled from then on) and `{"rank": 0, "serving", "split_proof"}`.
+//!   HTTP opens only after the rendezvous and the proof (whether the engine opens it earlier is
+//!   not known). `digest` (also in rank 1's loaded line) is [`digest::digests`]: which weights the
+//!   rank loaded, for the `ABLIT` test.
 //! - Different RDMA device counts (`TF_RDMA_DEVICES` vs `--rdma`, empty = none) stop both
 //!   ranks with `error.BadInfo` right after the rendezvous (`rdma.zig connect`); the stand-in
 //!   also treats "RDMA on one rank only" as `BadInfo` (the engine would hang in the QP exchange).
