@@ -6,7 +6,7 @@ use std::path::Path;
 
 use spark_deploy_core::config::DeploymentConfig;
 
-use crate::checkpoint::{CheckpointSpec, generate};
+use crate::checkpoint::{CheckpointSpec, generate, generate_overlay};
 use crate::cluster::TestbedInfo;
 use crate::hub_server::{HubOptions, HubServer};
 
@@ -16,6 +16,11 @@ pub const MODEL: &str = "testbed/dsv41-exl3";
 pub const ORIGINAL: &str = "testbed/dsv41-original";
 /// The kit repo (folder `kit/`).
 pub const KIT: &str = "testbed/dsv41-kit";
+/// The gated `ABLIT` overlay repo ([`crate::checkpoint::OVERLAY_FILE`] and a `config.json`).
+pub const ABLIT: &str = "testbed/dsv41-ablit";
+/// The token the testbed hub accepts for [`ABLIT`] (gated like the real overlay). A test value,
+/// not a secret: the demo config never carries it; set `HF_TOKEN` to it for `ABLIT=1`.
+pub const ABLIT_TOKEN: &str = "hf_testbed_ablit_access";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -26,6 +31,26 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Generation or file-system errors.
 pub fn hub_tree(root: &Path, seed: u64) -> Result<(), BoxError> {
     hub_tree_of(root, &CheckpointSpec::small(seed))
+}
+
+/// Generates the `ABLIT` overlay of the small checkpoint (seed `seed`) as the repo [`ABLIT`] below
+/// `root`, once (written aside, then moved in whole).
+///
+/// # Errors
+///
+/// Generation or file-system errors.
+pub fn ablit_tree(root: &Path, seed: u64) -> Result<(), BoxError> {
+    let to = root.join(ABLIT);
+    if to.join(crate::checkpoint::OVERLAY_FILE).exists() {
+        return Ok(());
+    }
+    let scratch = root.join(".gen-ablit");
+    let _ = std::fs::remove_dir_all(&scratch);
+    generate_overlay(&CheckpointSpec::small(seed), &scratch)?;
+    std::fs::create_dir_all(to.parent().ok_or("repo path")?)?;
+    let _ = std::fs::remove_dir_all(&to);
+    std::fs::rename(&scratch, &to)?;
+    Ok(())
 }
 
 /// Generates the checkpoint of `spec` as the three hub repos [`MODEL`], [`ORIGINAL`] and [`KIT`]
@@ -84,8 +109,15 @@ pub async fn prepare_with_engine(
 ) -> Result<(HubServer, DeploymentConfig), BoxError> {
     let repos = info.state_dir.join("hub-repos");
     let r = repos.clone();
-    tokio::task::spawn_blocking(move || hub_tree(&r, 5)).await??;
-    let hub = HubServer::start(&repos, "127.0.0.1:0".parse()?, HubOptions::default())?;
+    tokio::task::spawn_blocking(move || hub_tree(&r, 5).and_then(|()| ablit_tree(&r, 5))).await??;
+    let hub = HubServer::start(
+        &repos,
+        "127.0.0.1:0".parse()?,
+        HubOptions {
+            gated: std::collections::HashMap::from([(ABLIT.to_owned(), ABLIT_TOKEN.to_owned())]),
+            ..HubOptions::default()
+        },
+    )?;
     let mut config = crate::deployment::deployment_config(info);
     config.hub.endpoint = hub.endpoint();
     config.model.id = MODEL.into();
@@ -95,6 +127,9 @@ pub async fn prepare_with_engine(
     config.model.engram_files = vec!["*.safetensors".into()];
     config.model.kit_repo = KIT.into();
     config.model.kit_revision = hub.commit(KIT).ok_or("kit commit")?;
+    // ABLIT stays off; `ABLIT=1` (with HF_TOKEN = ABLIT_TOKEN) serves the gated overlay.
+    config.model.ablit_id = ABLIT.into();
+    config.model.ablit_revision = hub.commit(ABLIT).ok_or("overlay commit")?;
     crate::engine::prepare(&mut config, home, standin).await?;
     Ok((hub, config))
 }

@@ -103,7 +103,10 @@ pub(crate) fn run(global: &Global, args: &BenchArgs) -> Result<(), Failure> {
     let stored =
         report::store(&dir, results.at_unix, &json).map_err(|e| Failure::new(RUNTIME, &e, None))?;
     let table = report::markdown(&results);
-    let ts = results.at_unix;
+    let ts = stored.file_stem().map_or_else(
+        || results.at_unix.to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
     let charts = report::store_file(&dir, &format!("{ts}.png"), &chart::png(&results))
         .and_then(|_| {
             report::store_file(

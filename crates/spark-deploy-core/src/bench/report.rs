@@ -153,11 +153,24 @@ pub fn dir(state_dir: &Path, fingerprint: &str) -> PathBuf {
 /// # Errors
 /// [`ReportError::Io`].
 pub fn store(dir: &Path, at_unix: u64, json: &Value) -> Result<PathBuf, ReportError> {
+    // Two runs within one second get `<at_unix>-1`, `-2`, ... so neither replaces the other.
+    let mut stem = at_unix.to_string();
+    let mut n = 0u32;
+    while dir.join(format!("{stem}.json")).exists() {
+        n += 1;
+        stem = format!("{at_unix}-{n}");
+    }
     store_file(
         dir,
-        &format!("{at_unix}.json"),
+        &format!("{stem}.json"),
         &serde_json::to_vec_pretty(json).unwrap_or_default(),
     )
+}
+
+/// The order of a stored run's stem (`<at_unix>` or `<at_unix>-<n>`).
+fn run_order(stem: &str) -> Option<(u64, u32)> {
+    let (secs, n) = stem.split_once('-').unwrap_or((stem, "0"));
+    Some((secs.parse().ok()?, n.parse().ok()?))
 }
 
 /// Writes `bytes` as `<dir>/<name>` (temporary file, then rename) and returns the path.
@@ -191,12 +204,12 @@ pub fn last(dir: &Path, except: Option<&Path>) -> Result<Option<Value>, ReportEr
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io(e)),
     };
-    let mut runs: Vec<(u64, PathBuf)> = entries
+    let mut runs: Vec<((u64, u32), PathBuf)> = entries
         .flatten()
         .map(|e| e.path())
         .filter(|p| Some(p.as_path()) != except)
         .filter_map(|p| {
-            let n = p.file_stem()?.to_str()?.parse::<u64>().ok()?;
+            let n = run_order(p.file_stem()?.to_str()?)?;
             (p.extension()? == "json").then_some((n, p))
         })
         .collect();

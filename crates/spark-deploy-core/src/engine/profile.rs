@@ -115,6 +115,33 @@ pub enum FingerprintError {
     /// The ranks disagree on settings that must match.
     #[error("the ranks' settings differ, refusing to launch any: {}", .0.join("; "))]
     Mismatch(Vec<String>),
+    /// The inputs on a node were prepared for another source than this start's (another `ABLIT`
+    /// value, overlay or checkpoint), or for none.
+    #[error("rank {rank} on {node}: the inputs in {dir} do not fit this start: {detail}")]
+    Prepared {
+        /// Rank.
+        rank: usize,
+        /// Node.
+        node: String,
+        /// The inputs directory.
+        dir: String,
+        /// What differs.
+        detail: String,
+        /// What to run.
+        remedy: String,
+    },
+}
+
+impl FingerprintError {
+    /// What the user should do, when the error knows.
+    #[must_use]
+    pub fn remedy(&self) -> Option<String> {
+        match self {
+            Self::Inputs { .. } => None,
+            Self::Mismatch(_) => Some("rebuild the inputs on both nodes from the same plan (`spark-deploy up` re-runs BuildRankCache and ConfigureWorkerStorage)".to_owned()),
+            Self::Prepared { remedy, .. } => Some(remedy.clone()),
+        }
+    }
 }
 
 /// What one rank needs in memory, for the budget preflight checks.

@@ -95,9 +95,10 @@ impl LaunchError {
             Self::Unresolved { rank, node, .. }
             | Self::Start { rank, node, .. }
             | Self::Exited { rank, node, .. }
-            | Self::Fingerprint(FingerprintError::Inputs { rank, node, .. }) => {
-                (Some(node.clone()), Some(*rank))
-            }
+            | Self::Fingerprint(
+                FingerprintError::Inputs { rank, node, .. }
+                | FingerprintError::Prepared { rank, node, .. },
+            ) => (Some(node.clone()), Some(*rank)),
             Self::Fingerprint(FingerprintError::Mismatch(_)) | Self::ApiKey(_) => (None, None),
         }
     }
@@ -134,7 +135,10 @@ impl LaunchRank {
         engine: &dyn Engine,
     ) -> Result<Outcome, StepFailure> {
         let fail = |e: LaunchError| {
-            let remedy = matches!(e, LaunchError::Fingerprint(FingerprintError::Mismatch(_))).then(|| "rebuild the inputs on both nodes from the same plan (`spark-deploy up` re-runs BuildRankCache and ConfigureWorkerStorage)".to_owned());
+            let remedy = match &e {
+                LaunchError::Fingerprint(f) => f.remedy(),
+                _ => None,
+            };
             let (node, rank) = e.location();
             StepFailure::new(StepKind::LaunchRank, e, remedy).at(node, rank)
         };

@@ -75,8 +75,19 @@ pub(crate) async fn start(
     docker
         .create_container(&spec.name, create_body(&without))
         .await?;
-    if docker.start_container(&spec.name).await.is_err() {
-        return Err(first.into());
+    if let Err(second) = docker.start_container(&spec.name).await {
+        // Both failed: the retry's error is the one that says what is wrong without memlock;
+        // the first is logged so neither is lost.
+        ctx.log(
+            step,
+            Some(&spec.node),
+            Level::Warn,
+            format!(
+                "starting rank {} with the memlock limit failed first: {first}",
+                spec.rank
+            ),
+        );
+        return Err(second.into());
     }
     ctx.log(
         step,

@@ -15,6 +15,7 @@
 //! Shards are written streaming (bounded buffers), so the large spec never sits in memory.
 
 mod kit;
+mod overlay;
 mod rng;
 mod tensors;
 mod tokenizer;
@@ -26,6 +27,7 @@ use serde_json::{Value, json};
 use spark_deploy_core::engine::tensorfold::inputs::dtype::DType;
 use spark_deploy_core::engine::tensorfold::inputs::token_map;
 
+pub use overlay::{OVERLAID, OVERLAY_FILE, generate_overlay};
 pub use rng::Rng;
 
 /// Why a checkpoint could not be generated.

@@ -43,9 +43,11 @@
 //!   `MissingTensor`, `BadApiKeyFile`, `BindFailed`, `AddressInUse`.
 //! - `ConnectFailed` goes to stderr only (it happens before following); rank 1's
 //!   `{"rank": 1, "follow": …}` lines are for errors while following.
-//! - Rank 0 prints two stand-in lines on stdout: `{"rank": 0, "loaded_s", "pool", "rendezvous"}`
-//!   (SIGTERM is handled from then on) and `{"rank": 0, "serving", "split_proof"}`. HTTP opens
-//!   only after the rendezvous and the proof (whether the engine opens it earlier is not known).
+//! - Rank 0 prints two stand-in lines on stdout: `{"rank": 0, "loaded_s", "pool", "rendezvous",
+//!   "digest"}` (SIGTERM is handled from then on) and `{"rank": 0, "serving", "split_proof"}`.
+//!   HTTP opens only after the rendezvous and the proof (whether the engine opens it earlier is
+//!   not known). `digest` (also in rank 1's loaded line) is [`digest::digests`]: which weights the
+//!   rank loaded, for the `ABLIT` test.
 //! - Different RDMA device counts (`TF_RDMA_DEVICES` vs `--rdma`, empty = none) stop both
 //!   ranks with `error.BadInfo` right after the rendezvous (`rdma.zig connect`); the stand-in
 //!   also treats "RDMA on one rank only" as `BadInfo` (the engine would hang in the QP exchange).
@@ -60,6 +62,7 @@
 
 pub mod answer;
 pub mod args;
+pub mod digest;
 pub mod faults;
 pub mod generate;
 pub mod inputs;
@@ -241,6 +244,8 @@ struct Loaded {
     rank_file: RankFile,
     partials: Vec<Partial>,
     tensors: Vec<String>,
+    /// sha256 of the digested tensors' entries, by key (which weights were loaded).
+    digest: std::collections::BTreeMap<String, String>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -269,11 +274,16 @@ fn load(
         &rank_file,
     );
     let partials = split::rank_partials(&rank_file, rank, &tensors)?;
+    let digest = digest::digests(
+        &rank_file,
+        &digest::tensors_from_env(env.get(digest::DIGEST_ENV).map(String::as_str)),
+    )?;
     Ok(Loaded {
         cfg,
         rank_file,
         partials,
         tensors,
+        digest,
     })
 }
 
@@ -305,13 +315,14 @@ fn run_rank1(
     )?;
     let _ = writeln!(
         out,
-        "{{\"rank\": {}, \"loaded_s\": {}, \"pool\": {}, \"drafts\": {}, \"arena_used\": {}, \"opened\": {}}}",
+        "{{\"rank\": {}, \"loaded_s\": {}, \"pool\": {}, \"drafts\": {}, \"arena_used\": {}, \"opened\": {}, \"digest\": {}}}",
         a.rank,
         secs(start),
         a.pool,
         u8::from(a.drafts),
         l.rank_file.data_len,
-        serde_json::to_string(&opened::opened()).unwrap_or_else(|_| "[]".to_owned())
+        serde_json::to_string(&opened::opened()).unwrap_or_else(|_| "[]".to_owned()),
+        serde_json::to_string(&l.digest).unwrap_or_else(|_| "{}".to_owned())
     );
     let _ = out.flush();
     let timeout = env
@@ -442,8 +453,11 @@ async fn rank0_async(
     // printed once SIGTERM is handled, so a stop right after this line is a clean exit 0
     let _ = writeln!(
         out,
-        "{{\"rank\": 0, \"loaded_s\": {loaded_s}, \"pool\": {}, \"rendezvous\": \"{}:{}\"}}",
-        a.context, a.env.master, a.env.port
+        "{{\"rank\": 0, \"loaded_s\": {loaded_s}, \"pool\": {}, \"rendezvous\": \"{}:{}\", \"digest\": {}}}",
+        a.context,
+        a.env.master,
+        a.env.port,
+        serde_json::to_string(&l.digest).unwrap_or_else(|_| "{}".to_owned())
     );
     let _ = out.flush();
     // the engine waits for rank 1 with no timeout; a stop while waiting ends the process cleanly

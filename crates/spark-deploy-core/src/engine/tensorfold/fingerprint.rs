@@ -22,6 +22,9 @@ pub struct InputIdentity {
     pub engram_files: Vec<(String, u64)>,
     /// The image's content label on the node (`io.spark-deploy.content`), never its ID.
     pub image_content: String,
+    /// What the rank files were built from (checkpoint and `ABLIT` overlay, from their sidecars):
+    /// the index holds no content hash, so a genuine and an overlaid file look alike otherwise.
+    pub inputs_source: String,
 }
 
 /// The settings of one rank that must equal every other rank's.
@@ -157,6 +160,7 @@ impl RankSettings {
         );
         v.insert("token_map_sha256".into(), inputs.token_map_sha256.clone());
         v.insert("rank_file_world".into(), world_of(&inputs.rank_file));
+        v.insert("inputs_source".into(), inputs.inputs_source.clone());
         v.insert(
             "engram_files".into(),
             inputs
@@ -252,6 +256,7 @@ mod tests {
             rank_file: "rankXof2-abc.bin".into(),
             engram_files: vec![("a".into(), 1)],
             image_content: "c0ffee".into(),
+            inputs_source: "o/m@c".into(),
         }
     }
 

@@ -16,6 +16,10 @@ use crate::event::{Event, Level};
 use crate::layout::NodeLayout;
 use crate::layout::snapshot_dir;
 
+pub(crate) mod source;
+
+use source::InputsSource;
+
 /// One rank's weight file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RankOutput {
@@ -41,6 +45,9 @@ pub struct RankInputs {
     pub kit_dir: String,
     /// One entry per rank.
     pub ranks: Vec<RankOutput>,
+    /// `ABLIT=1`: the overlay repo and revision whose tensors replace the checkpoint's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<String>,
 }
 
 impl RankInputs {
@@ -62,6 +69,10 @@ impl RankInputs {
             })
             .collect();
         Self {
+            overlay: c
+                .model
+                .ablit
+                .then(|| format!("{}@{}", c.model.ablit_id, c.model.ablit_revision)),
             node: c.nodes[0].name.clone(),
             inputs_dir: head.inputs_dir,
             kit_dir: head.kit_dir,
@@ -76,10 +87,16 @@ impl RankInputs {
             .map(|r| {
                 Action::with(
                     &self.node,
-                    format!(
-                        "rank {} weight file for {} (skipped when verify passes)",
-                        r.rank, r.node
-                    ),
+                    match &self.overlay {
+                        None => format!(
+                            "rank {} weight file for {} (skipped when verify passes)",
+                            r.rank, r.node
+                        ),
+                        Some(o) => format!(
+                            "rank {} weight file for {} with the ABLIT overlay {o} replacing the checkpoint's tensors (skipped when verify passes and its sidecar names this source)",
+                            r.rank, r.node
+                        ),
+                    },
                     ActionDetail::Outputs {
                         files: vec![format!("{}/{}", r.dir, r.file)],
                     },
@@ -181,7 +198,33 @@ impl RankInputs {
         let fetched_bias = std::path::PathBuf::from(&layout.bias_vl_file);
         let world = self.ranks.len();
         let shape_guard = c.engine.shape_guard;
-        let label = format!("{}@{}", c.model.id, facts.model_commit);
+        let wanted = InputsSource::of(ctx.config(), &facts);
+        let overlay = match wanted.overlay_dir(ctx.config()) {
+            Some(dir) if dir.is_dir() => Some(dir),
+            Some(dir) => {
+                return Err(fail(
+                    format!(
+                        "ABLIT=1 but the overlay {} is not in the ABLIT cache ({} is missing)",
+                        c.model.ablit_id,
+                        dir.display()
+                    )
+                    .into(),
+                    "run FetchCheckpoint first (`spark-deploy up` or `spark-deploy prepare` runs it; the gated overlay needs HF_TOKEN)",
+                ));
+            }
+            None if wanted.ablit.is_some() => {
+                return Err(fail(
+                    format!(
+                        "ABLIT=1 but the commit of the overlay {} at {} is unknown",
+                        c.model.ablit_id, c.model.ablit_revision
+                    )
+                    .into(),
+                    "run FetchCheckpoint first (`spark-deploy up` or `spark-deploy prepare` runs it; the gated overlay needs HF_TOKEN)",
+                ));
+            }
+            None => None,
+        };
+        let label = wanted.label();
         let inputs = PathBuf::from(&self.inputs_dir);
         let kit_dir = PathBuf::from(&self.kit_dir);
         let engram_dir = PathBuf::from(&layout.engram_dir);
@@ -196,7 +239,8 @@ impl RankInputs {
                 let opts = RankCacheOptions {
                     engine_shape_guard: shape_guard,
                     existing: ExistingRankFile::MoveAside,
-                    source_label: Some(label),
+                    source_label: Some(label.clone()),
+                    overlay,
                     ..RankCacheOptions::default()
                 };
                 let out = inputs.join("rank-cache");
@@ -208,10 +252,22 @@ impl RankInputs {
                         )
                     })?;
                     let mut quiet = |_: &_| Ok(());
-                    if verify_rank_cache(&plan, &out, VerifyLevel::Index, &opts, &mut quiet).is_ok()
+                    // The index cannot tell a genuine file from an overlaid one (same shapes, same
+                    // name): a verified file is kept only when its sidecar names this source.
+                    if let Ok(f) =
+                        verify_rank_cache(&plan, &out, VerifyLevel::Index, &opts, &mut quiet)
                     {
-                        notes.push(format!("rank {rank}: {} verified", plan.file_name));
-                        continue;
+                        match source::recorded(&f) {
+                            Some(s) if s == label => {
+                                notes.push(format!("rank {rank}: {} verified", plan.file_name));
+                                continue;
+                            }
+                            s => notes.push(format!(
+                                "rank {rank}: {} was built from {}, rebuilding from {label}",
+                                plan.file_name,
+                                s.as_deref().unwrap_or("an unrecorded source")
+                            )),
+                        }
                     }
                     let tx2 = tx.clone();
                     let mut progress = |p: &super::inputs::rank_cache::RankCacheProgress| {
