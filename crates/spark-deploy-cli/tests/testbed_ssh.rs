@@ -78,7 +78,15 @@ async fn scenario(work: &Path, path: &str) -> R<()> {
             &["--config", "alias.toml", "--json", "preflight"],
             env,
         );
-        let last = stdout(&out).lines().last().unwrap_or("").to_owned();
+        // The preflight table is the stdout line carrying "preflight" (a failed run ends with the
+        // error object after it).
+        let text = stdout(&out);
+        let last = text
+            .lines()
+            .find(|l| l.contains("\"preflight\""))
+            .or_else(|| text.lines().last())
+            .unwrap_or("")
+            .to_owned();
         (out, last)
     };
     let sock = agent.socket().display().to_string();
@@ -89,8 +97,14 @@ async fn scenario(work: &Path, path: &str) -> R<()> {
         ("SSH_AUTH_SOCK", sock.as_str()),
     ];
 
+    // This config names the real model on a small machine, so the memory budget and the disk
+    // rows fail (exit 4) whatever SSH does; what matters here is the worker's ssh and docker rows.
     let (out, last) = preflight(&env);
-    assert!(out.status.success(), "preflight: {}\n{last}", stderr(&out));
+    assert!(
+        matches!(out.status.code(), Some(0 | 4)),
+        "preflight: {}\n{last}",
+        stderr(&out)
+    );
     let rows = worker_rows(&last)?;
     for check in ["ssh", "docker"] {
         let row = rows
@@ -102,8 +116,14 @@ async fn scenario(work: &Path, path: &str) -> R<()> {
 
     // The agent's key is what logged in: with an empty agent the same run is refused.
     agent.remove_all().await?;
-    let (out, last) = preflight(&env);
+    let (out, _) = preflight(&env);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let text = stdout(&out);
+    let last = text
+        .lines()
+        .find(|l| l.contains("\"error\""))
+        .unwrap_or("")
+        .to_owned();
     let v: serde_json::Value = serde_json::from_str(&last)?;
     let table = v["error"]
         .as_str()

@@ -1,4 +1,5 @@
-//! NFS mode of ConfigureWorkerStorage on the testbed, as far as this machine allows: the volume is
+//! NFS mode of ConfigureWorkerStorage on the testbed, as far as this machine allows: the head's
+//! exports are checked as on a Spark (a real exports file on this machine), the volume is
 //! created through the worker's SSH-forwarded Docker with the seed's options (checked by
 //! inspecting it), an existing volume with other options is refused with the fix, and the mount —
 //! which this kernel cannot do — fails at the throwaway container's start and is classified as
@@ -23,6 +24,8 @@ mod common;
 use common::testbed::R;
 
 const VOLUME: &str = "sd-testbed-nfs-hf";
+/// The head's export of its cache to the worker, written by the test and removed after it.
+const EXPORTS: &str = "/etc/exports.d/spark-deploy-testbed.exports";
 
 async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     let (hub, mut config) = spark_deploy_testbed::demo::prepare(info, home).await?;
@@ -55,6 +58,32 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     let _ = worker.remove_volume(VOLUME).await;
     let worker_image = spark_deploy_core::layout::NodeLayout::of(&v, &v.config().nodes[1]).image;
     let _ = worker.remove_image(&worker_image).await;
+
+    // 0. The head's exports are checked as on a Spark: without an export of the cache to the
+    //    worker's fabric address, ConfigureWorkerStorage refuses with the exportfs line that
+    //    fixes it (and creates nothing).
+    let _ = std::fs::remove_file(EXPORTS);
+    let err = plan()
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await
+        .expect_err("the cache is not exported");
+    assert_eq!(err.failure.step, StepKind::ConfigureWorkerStorage);
+    let msg = err.to_string();
+    assert!(msg.contains("sudo exportfs -ra"), "{msg}");
+    assert!(
+        worker.inspect_volume(VOLUME).await?.is_none(),
+        "nothing created"
+    );
+    // The head exports its cache read-only to the worker: a real exports file on this machine,
+    // read through the head's Exec port like on a Spark (removed at the end).
+    std::fs::create_dir_all("/etc/exports.d")?;
+    std::fs::write(
+        EXPORTS,
+        format!(
+            "{head_cache} {}(ro,no_subtree_check)\n",
+            info.workers[0].fabric_addr
+        ),
+    )?;
 
     // 1. The volume is created through the worker's Docker with the seed's options; the engine
     //    image is not on the worker yet, so BuildImage, once it shipped the image, mounts the
@@ -106,10 +135,6 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     assert!(
         logs.iter()
             .any(|l| l.contains("created through worker-1's Docker")),
-        "{logs:#?}"
-    );
-    assert!(
-        logs.iter().any(|l| l.contains("export is not checked")),
         "{logs:#?}"
     );
     // No probe container is left behind.
@@ -169,5 +194,10 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn testbed_nfs_mode_creates_the_volume_through_the_workers_docker() {
-    common::testbed::on_testbed(|info, home| async move { scenario(&info, &home).await }).await;
+    common::testbed::on_testbed(|info, home| async move {
+        let r = scenario(&info, &home).await;
+        let _ = std::fs::remove_file(EXPORTS);
+        r
+    })
+    .await;
 }
