@@ -3,7 +3,7 @@
 import enum
 import pathlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from os import PathLike
 from typing import Any, Callable, Mapping, TypeAlias, final
 
@@ -108,6 +108,7 @@ class Report(list[dict[str, Any]]):
     """The report of a plan run: one dict per started step (``step``, ``status`` ran/skipped/failed,
     ``duration_ms``, and when known ``detail`` and ``bytes``)."""
 
+    def __init__(self, steps: Iterable[dict[str, Any]] = ...) -> None: ...
     @property
     def ok(self) -> bool:
         """True when no step failed."""

@@ -80,7 +80,6 @@ def write_fetch_config(dir_: pathlib.Path, endpoint: str, revisions: dict) -> pa
     cfg.write_text(
         f"""
 [deployment]
-testbed = true
 state_dir = "{dir_ / 'state'}"
 
 [model]

@@ -153,7 +153,6 @@ def write_config(d: pathlib.Path, revisions: dict, ablit: bool) -> pathlib.Path:
     cfg.write_text(
         f"""
 [deployment]
-testbed = true
 state_dir = "{d / 'state'}"
 
 [model]

@@ -43,7 +43,7 @@ def fetch_config(hub, tmp: pathlib.Path) -> spark_deploy.Config:
     """The default config fetching the testbed repos from ``hub`` into ``tmp/hf``; the worker
     (never contacted by FetchCheckpoint) is at ``127.0.0.1`` port 1."""
     d = spark_deploy.Config.load(None, env={}).to_dict()
-    d["deployment"].update(name="pytest-py-fetch", testbed=True, state_dir=str(tmp / "state"))
+    d["deployment"].update(name="pytest-py-fetch", state_dir=str(tmp / "state"))
     d["hub"].update(
         endpoint=hub.endpoint,
         cache=str(tmp / "hf"),

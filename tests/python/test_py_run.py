@@ -29,7 +29,6 @@ def unreachable_config(port=1, key_dir=None):
         fd = os.open(ident, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.close(fd)
         open(known, "w").close()
-    d["deployment"]["testbed"] = True
     d["deployment"]["name"] = "pytest-py-absent"  # no real deployment carries this name
     d["deployment"]["state_dir"] = STATE_DIR
     d["nodes"][1].update(
