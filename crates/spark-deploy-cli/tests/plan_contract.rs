@@ -1,4 +1,4 @@
-//! Contract tests: the plan's rank containers obey ENGINE-CONTRACT.md §2.3–§2.9, checked
+//! Contract tests: the plan's rank containers obey the engine's launch lines (docs/engine-contract.md, "Launch lines"), checked
 //! independently of the code that renders them (the rules are restated here from the contract).
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-/// The follower's flags (ENGINE-CONTRACT.md §2.7); anything else is `error.BadArgument`.
+/// The follower's flags; anything else is `error.BadArgument`.
 const FOLLOWER_FLAGS: &[&str] = &[
     "--pool",
     "--drafts",
@@ -124,7 +124,7 @@ fn check_pair(plan: &Value) {
     ] {
         assert!(e0.contains_key(k), "rank 0 lacks {k}");
     }
-    // §2.8: rank 0 value <-> rank 1 value.
+    // What both ranks must agree on: rank 0 value <-> rank 1 value.
     assert_eq!(a0[2], f.positional[0], "MODEL_DIR");
     assert_eq!(e0["TF_DS_RANK_CACHE"], f.positional[1], "rank cache dir");
     assert_eq!(f.positional[2], "1", "RANK");

@@ -1,8 +1,6 @@
 //! `spark-deploy rank-cache build|verify|index-only MODEL_DIR OUT_DIR RANK WORLD`: the TFDSRK01
-//! rank weight file of the dsv41 engine, built natively (ENGINE-CONTRACT.md §4–§5).
-//!
-//! Wiring (main.rs): add a `RankCache(commands::rank_cache::RankCacheArgs)` subcommand and call
-//! `commands::rank_cache::run(args)`.
+//! rank weight file of the dsv41 engine, built natively (docs/engine-contract.md, "The rank
+//! file (TFDSRK01)"). A TensorFold tool by nature, so it names the profile's inputs directly.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 //! as `huggingface_hub` reads them (precedence and reading rules in [`super::hf_env`]).
 //!
 //! One table, [`ENV_OVERRIDES`], drives both the overrides and the README's reference, so the
-//! documented list is the applied list. The environment wins over the file (RECIPE.md §1.1).
+//! documented list is the applied list. The environment wins over the file, as it did for the bash recipe.
 
 use std::net::Ipv4Addr;
 
@@ -51,7 +51,7 @@ pub struct AppliedOverride {
     pub shadowed_by: Option<&'static str>,
 }
 
-/// Variables whose value is passed to both ranks unchanged, only when set (ENGINE-CONTRACT.md §2.10).
+/// Variables whose value is passed to both ranks unchanged, only when set (recipe switches with no public engine source: passed through, never interpreted).
 pub const OPAQUE_SWITCHES: [&str; 4] = [
     "TF_DS_ENGRAM_LANES",
     "TF_DS_IDX_SPLIT",
