@@ -20,7 +20,7 @@ use spark_deploy_core::container::{ContainerSpec, labels, rank_container_name};
 use spark_deploy_core::context::{Context, Outcome, StepFailure};
 use spark_deploy_core::describe::{Action, ActionDetail, Transfer};
 use spark_deploy_core::engine::{
-    ApiEndpoint, Engine, EngineLimits, FingerprintError, ProbeError, RankMemory, Readiness,
+    ApiEndpoint, Engine, EngineLimits, FingerprintError, MemoryModel, ProbeError, Readiness,
     ServingSignals, StepPlan,
 };
 use spark_deploy_core::event::{Event, Recorder, Source, StepKind};
@@ -52,6 +52,16 @@ impl Engine for BashPair {
             max_parallel: 1,
             world_sizes: &[2],
             memory_warn_context: u64::MAX,
+            memory: MemoryModel {
+                rank_weights_estimate: 0,
+                estimate_for_model: "",
+                arena_base_gib: 0,
+                arena_gib_per_step: 0,
+                kv_bytes_per_position: 0,
+                rope_bytes_per_row: 0,
+                rope_extra_rows: 0,
+                reserve: 0,
+            },
         }
     }
 
@@ -106,11 +116,8 @@ impl Engine for BashPair {
         Vec::new()
     }
 
-    fn memory(&self, _config: &ValidatedConfig) -> RankMemory {
-        RankMemory {
-            weights: 0,
-            reserve: 0,
-        }
+    fn memory(&self, _config: &ValidatedConfig) -> MemoryModel {
+        self.limits().memory
     }
 
     fn plan_inputs(&self, _config: &ValidatedConfig) -> StepPlan {

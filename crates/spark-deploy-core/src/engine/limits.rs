@@ -16,6 +16,32 @@ pub struct EngineLimits {
     pub world_sizes: &'static [usize],
     /// Pools above this leave too little memory headroom on a 128 GB node; warn.
     pub memory_warn_context: u64,
+    /// What one rank needs in memory, for preflight's budget.
+    pub memory: MemoryModel,
+}
+
+/// The memory one rank of an engine needs, as the engine declares it: weights, a device arena,
+/// KV cache and RoPE tables that grow with the shared pool, and a reserve kept free. Preflight's
+/// budget does the arithmetic ([`crate::preflight::budget`]); the numbers are the engine's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryModel {
+    /// Rank weight bytes of the checkpoint the profile was made for, used only for that model
+    /// and only while nothing on disk tells.
+    pub rank_weights_estimate: u64,
+    /// The model id that estimate is for.
+    pub estimate_for_model: &'static str,
+    /// Device arena: `arena_base_gib + ceil(arena_gib_per_step · pool / 2^19)` GiB.
+    pub arena_base_gib: u64,
+    /// See [`MemoryModel::arena_base_gib`].
+    pub arena_gib_per_step: u64,
+    /// KV cache bytes per position of the shared pool (replicated on every rank).
+    pub kv_bytes_per_position: u64,
+    /// RoPE table bytes per row; the tables hold `pool + rope_extra_rows` rows.
+    pub rope_bytes_per_row: u64,
+    /// See [`MemoryModel::rope_bytes_per_row`].
+    pub rope_extra_rows: u64,
+    /// Bytes kept free on top of everything the formula counts.
+    pub reserve: u64,
 }
 
 impl EngineLimits {
@@ -37,4 +63,22 @@ pub const TENSORFOLD_DSV41: EngineLimits = EngineLimits {
     max_parallel: 4,
     world_sizes: &[2],
     memory_warn_context: 524_288,
+    memory: MemoryModel {
+        // A rank file is about 106 GB (98.7 GiB; the weights alone are ~97 GiB by design and
+        // "~99 GiB a rank" in practice); the engine's host-memory guard counts the file's size.
+        rank_weights_estimate: 106_000_000_000,
+        estimate_for_model: "Mia-AiLab/DeepSeek-V4.1-Flash-1017-EXL3-EAQ-v1-2.9-bpw",
+        // The engine's default arena for a pool: 6 GiB at 256K, 9 at 512K, 16 at 1M.
+        arena_base_gib: 2,
+        arena_gib_per_step: 7,
+        kv_bytes_per_position: 890,
+        // fp32 cos/sin of 64 rope dims: 4 × 128 B per row, pool + 49 rows.
+        rope_bytes_per_row: 512,
+        rope_extra_rows: 49,
+        // 4 GiB: the engine's CUDA budget keeps at least that, operators of this engine hold a
+        // 4 GiB MemAvailable floor while serving, and 5 GiB was measured left on the head at a
+        // 1M pool with 4 streams; it also covers the rings and frame buffers the formula leaves
+        // out.
+        reserve: 4 << 30,
+    },
 };

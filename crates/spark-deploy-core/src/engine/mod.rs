@@ -13,9 +13,9 @@ pub mod profile;
 pub mod registry;
 pub mod tensorfold;
 
-pub use limits::EngineLimits;
+pub use limits::{EngineLimits, MemoryModel};
 pub use profile::{
-    ApiEndpoint, Engine, FingerprintError, ProbeError, RankMemory, RankSlots, Readiness,
-    ServingSignals, StepPlan,
+    ApiEndpoint, Engine, FingerprintError, ProbeError, RankSlots, Readiness, ServingSignals,
+    StepPlan,
 };
 pub use registry::for_config;

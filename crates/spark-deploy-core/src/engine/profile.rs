@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use super::EngineLimits;
+use super::limits::MemoryModel;
 use crate::config::ValidatedConfig;
 use crate::container::ContainerSpec;
 use crate::context::{Context, Outcome, StepFailure};
@@ -144,15 +145,6 @@ impl FingerprintError {
     }
 }
 
-/// What one rank needs in memory, for the budget preflight checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct RankMemory {
-    /// Weight bytes one rank holds resident.
-    pub weights: u64,
-    /// Bytes kept free on top of everything the formula counts.
-    pub reserve: u64,
-}
-
 /// What a supervisor reads from a serving pair.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ServingSignals {
@@ -200,7 +192,7 @@ pub trait Engine: Send + Sync + Debug {
     fn binaries(&self) -> Vec<String>;
 
     /// The memory one rank needs, for preflight's budget.
-    fn memory(&self, config: &ValidatedConfig) -> RankMemory;
+    fn memory(&self, config: &ValidatedConfig) -> MemoryModel;
 
     /// BuildRankCache's description: the per-rank inputs built on the head.
     fn plan_inputs(&self, config: &ValidatedConfig) -> StepPlan;

@@ -180,9 +180,9 @@ pub fn from_specs(
     let c = config.config();
     let mem = engine.memory(config);
     let budget = RankBudget::of(&crate::preflight::budget::MemoryInputs {
-        weights_per_rank: mem.weights,
+        weights_per_rank: mem.rank_weights_estimate,
         context: c.serving.context,
-        reserve: mem.reserve,
+        model: mem,
     })
     .total();
     let world = followers.len() + 1;

@@ -188,9 +188,9 @@ fn leader_and_worker_run_the_exact_rank_containers() {
         let mem = engine.memory(&c);
         let budget =
             crate::preflight::budget::RankBudget::of(&crate::preflight::budget::MemoryInputs {
-                weights_per_rank: mem.weights,
+                weights_per_rank: mem.rank_weights_estimate,
                 context: c.config().serving.context,
-                reserve: mem.reserve,
+                model: mem,
             })
             .total();
         assert_eq!(*req, format!("{}Mi", budget.div_ceil(1 << 20)));

@@ -7,31 +7,16 @@
 
 use serde::Serialize;
 
+pub use crate::engine::limits::MemoryModel;
+
 const GIB: u64 = 1 << 30;
 
-/// Rank weight bytes of the checkpoint the engine profile was made for, when nothing on disk
-/// tells yet: its rank file is about 106 GB (98.7 GiB; the weights alone are about 97 GiB by
-/// design and "~99 GiB a rank" in practice). The engine's own host-memory guard counts the rank
-/// file's size, which is why the file size and not the design figure is used.
-pub const RANK_WEIGHT_BYTES: u64 = 106_000_000_000;
-
-/// The engine profile's rank weight bytes for `model_id`: [`RANK_WEIGHT_BYTES`] for the
-/// checkpoint it was made for (the default `model.id`), nothing for any other model.
+/// The profile's rank weight bytes for `model_id`: the estimate of `model` for the checkpoint the
+/// profile was made for, nothing for any other model.
 #[must_use]
-pub fn profile_estimate(model_id: &str) -> Option<u64> {
-    (model_id == crate::config::schema::ModelSection::default().id).then_some(RANK_WEIGHT_BYTES)
+pub fn profile_estimate(model_id: &str, model: &MemoryModel) -> Option<u64> {
+    (model_id == model.estimate_for_model).then_some(model.rank_weights_estimate)
 }
-
-/// Memory kept free on top of weights, arena, KV and RoPE: 4 GiB.
-///
-/// Why 4 GiB: the engine's CUDA budget keeps at least 4 GiB (its reserve setting cannot go below
-/// 2), operators of this engine hold a 4 GiB hard `MemAvailable` floor while serving, and 5 GiB was
-/// measured left on the head at `--context 1048576 --parallel 4`. It also covers what the formula
-/// leaves out (SWA and DSpark rings, rank 1's frame buffer). With it the seed config (CONTEXT
-/// 1,048,576, ~99 GiB a rank) needs 98.7 + 16 + 0.9 + 0.5 + 4 = 120.1 GiB: it fits 125 GiB
-/// available, does not fit 110 GiB (where the largest pool that fits is 299,008), and on 100 GiB
-/// not even the smallest pool fits (98.7 + 3 + 4 > 100).
-pub const RESERVE_BYTES: u64 = 4 * GIB;
 
 /// What the memory model needs. `parallel` is not among them: the streams share one pool of
 /// `context` positions and allocate nothing of their own.
@@ -41,8 +26,8 @@ pub struct MemoryInputs {
     pub weights_per_rank: u64,
     /// The shared pool (`serving.context`).
     pub context: u64,
-    /// Bytes kept free on top.
-    pub reserve: u64,
+    /// The engine's memory model (arena, KV, RoPE, reserve).
+    pub model: MemoryModel,
 }
 
 /// Bytes one rank needs, by term.
@@ -50,14 +35,13 @@ pub struct MemoryInputs {
 pub struct RankBudget {
     /// The rank weight file's bytes (the engine counts the file's size).
     pub weights: u64,
-    /// Device arena: `2 + ceil(7 · pool / 2^19)` GiB (the engine's default arena for a pool).
+    /// Device arena (the engine's default arena for a pool).
     pub arena: u64,
-    /// KV cache, replicated on every rank: ~890 B per position of the pool that all streams
-    /// share.
+    /// KV cache, replicated on every rank, for the pool all streams share.
     pub kv: u64,
-    /// RoPE tables on the device: `4 × (pool + 49) × 128` B.
+    /// RoPE tables on the device.
     pub rope: u64,
-    /// Headroom kept free ([`RESERVE_BYTES`]).
+    /// Headroom kept free.
     pub reserve: u64,
 }
 
@@ -65,13 +49,13 @@ impl RankBudget {
     /// The budget of `inputs`.
     #[must_use]
     pub fn of(inputs: &MemoryInputs) -> Self {
-        let pool = inputs.context;
+        let (pool, m) = (inputs.context, &inputs.model);
         Self {
             weights: inputs.weights_per_rank,
-            arena: (2 + (7 * pool).div_ceil(1 << 19)) * GIB,
-            kv: 890 * pool,
-            rope: 4 * (pool + 49) * 128,
-            reserve: inputs.reserve,
+            arena: (m.arena_base_gib + (m.arena_gib_per_step * pool).div_ceil(1 << 19)) * GIB,
+            kv: m.kv_bytes_per_position * pool,
+            rope: m.rope_bytes_per_row * (pool + m.rope_extra_rows),
+            reserve: m.reserve,
         }
     }
 
@@ -113,11 +97,17 @@ pub fn largest_pool(inputs: &MemoryInputs, available: u64, max_pool: u64) -> Opt
 mod tests {
     use super::*;
 
+    const MODEL: MemoryModel = crate::engine::limits::TENSORFOLD_DSV41.memory;
+
+    fn with_reserve(reserve: u64) -> MemoryModel {
+        MemoryModel { reserve, ..MODEL }
+    }
+
     fn at(weights: u64, context: u64, reserve: u64) -> RankBudget {
         RankBudget::of(&MemoryInputs {
             weights_per_rank: weights,
             context,
-            reserve,
+            model: with_reserve(reserve),
         })
     }
 
@@ -133,8 +123,11 @@ mod tests {
     #[test]
     fn only_the_profiles_own_model_has_an_estimate() {
         let seed = crate::config::schema::ModelSection::default().id;
-        assert_eq!(profile_estimate(&seed), Some(RANK_WEIGHT_BYTES));
-        assert_eq!(profile_estimate("testbed/dsv41-exl3"), None);
+        assert_eq!(
+            profile_estimate(&seed, &MODEL),
+            Some(MODEL.rank_weights_estimate)
+        );
+        assert_eq!(profile_estimate("testbed/dsv41-exl3", &MODEL), None);
     }
 
     #[test]
@@ -144,14 +137,14 @@ mod tests {
         let inputs = MemoryInputs {
             weights_per_rank: weights,
             context: 0,
-            reserve: 2 * GIB,
+            model: with_reserve(2 * GIB),
         };
         let p = largest_pool(&inputs, avail, 1_114_063).unwrap();
         assert!(at(weights, p, 2 * GIB).total() <= avail);
         assert!(at(weights, p + 2048, 2 * GIB).total() > avail);
         assert!(p < 1_048_576 && p > 524_288, "{p}");
         let none = MemoryInputs {
-            reserve: 0,
+            model: with_reserve(0),
             ..inputs
         };
         assert_eq!(largest_pool(&none, 90 * GIB, 1_114_063), None);

@@ -10,7 +10,7 @@ mod profile;
 mod rank_inputs;
 mod worker_inputs;
 
-pub use profile::{RANK_WEIGHT_BYTES, RESERVE_BYTES, TensorfoldDsv41};
+pub use profile::TensorfoldDsv41;
 pub use rank_inputs::{RankInputs, RankOutput};
 
 use super::EngineLimits;

@@ -10,21 +10,13 @@ use crate::container::ContainerSpec;
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail, Transfer};
 use crate::engine::{
-    ApiEndpoint, Engine, EngineLimits, FingerprintError, ProbeError, RankMemory, Readiness,
+    ApiEndpoint, Engine, EngineLimits, FingerprintError, MemoryModel, ProbeError, Readiness,
     ServingSignals, StepPlan,
 };
 use crate::event::StepKind;
 use crate::facts::DeploymentFacts;
 use crate::hub::HfToken;
 use crate::transfer::FileJob;
-
-/// Rank weights the memory budget assumes: a rank file is about 106 GB (98.7 GiB); the engine
-/// counts the file's size, so the file size and not the smaller design figure is used.
-pub const RANK_WEIGHT_BYTES: u64 = 106_000_000_000;
-
-/// Memory kept free on top of weights, arena, KV and RoPE: 4 GiB (the engine's own CUDA floor
-/// is at least that, and it covers the rings and frame buffers the formula leaves out).
-pub const RESERVE_BYTES: u64 = 4 << 30;
 
 /// TensorFold's native Zig `dsv41` engine: rank 0 `tensorfold-native serve` with the API, the
 /// followers `tf-dsv41-lanes`, each reading its own TFDSRK01 rank file.
@@ -57,11 +49,8 @@ impl Engine for TensorfoldDsv41 {
         vec![binary_name(SERVER_BIN), binary_name(FOLLOWER_BIN)]
     }
 
-    fn memory(&self, _config: &ValidatedConfig) -> RankMemory {
-        RankMemory {
-            weights: RANK_WEIGHT_BYTES,
-            reserve: RESERVE_BYTES,
-        }
+    fn memory(&self, _config: &ValidatedConfig) -> MemoryModel {
+        super::LIMITS.memory
     }
 
     fn plan_inputs(&self, config: &ValidatedConfig) -> StepPlan {

@@ -112,7 +112,9 @@ pub(super) fn decide(f: &NodeFacts, out: &mut Vec<CheckResult>) {
 mod tests {
     use super::super::testing::{GIB, healthy, pair, remedy, row, seed};
     use super::*;
-    use crate::preflight::budget::RANK_WEIGHT_BYTES;
+    const RANK_WEIGHT_BYTES: u64 = crate::engine::limits::TENSORFOLD_DSV41
+        .memory
+        .rank_weights_estimate;
     use crate::preflight::decide::decide as decide_all;
     use crate::preflight::report::Verdict;
 

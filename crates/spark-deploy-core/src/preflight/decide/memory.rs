@@ -18,7 +18,7 @@ pub fn memory_budget(
     let inputs = MemoryInputs {
         weights_per_rank: weights.bytes,
         context: settings.context,
-        reserve: settings.reserve,
+        model: settings.memory,
     };
     let b = RankBudget::of(&inputs);
     let observed = format!(
@@ -115,7 +115,9 @@ mod tests {
     use super::super::WeightsSource;
     use super::super::testing::{GIB, healthy, pair, remedy, row, seed};
     use super::*;
-    use crate::preflight::budget::{RANK_WEIGHT_BYTES, RESERVE_BYTES};
+    const RANK_WEIGHT_BYTES: u64 = crate::engine::limits::TENSORFOLD_DSV41
+        .memory
+        .rank_weights_estimate;
     use crate::preflight::decide::decide as decide_all;
     use crate::preflight::report::Verdict;
 
@@ -147,7 +149,7 @@ mod tests {
         let inputs = MemoryInputs {
             weights_per_rank: RANK_WEIGHT_BYTES,
             context: 0,
-            reserve: RESERVE_BYTES,
+            model: crate::engine::limits::TENSORFOLD_DSV41.memory,
         };
         let p = budget::largest_pool(&inputs, 110 * GIB, 1_114_063).unwrap();
         assert_eq!(p, 299_008, "arena 6 GiB is the last step that fits 7.3 GiB");

@@ -39,8 +39,8 @@ pub struct Settings {
     pub context: u64,
     /// The engine's largest pool.
     pub max_pool: u64,
-    /// Reserve bytes for the budget.
-    pub reserve: u64,
+    /// The engine's memory model (arena, KV, RoPE, reserve).
+    pub memory: crate::engine::limits::MemoryModel,
 }
 
 impl Settings {
@@ -53,7 +53,7 @@ impl Settings {
             min_avail_gib: c.lifecycle.min_avail_gib,
             context: c.serving.context,
             max_pool: config.limits().max_pool,
-            reserve: super::budget::RESERVE_BYTES,
+            memory: config.limits().memory,
         }
     }
 }

@@ -3,7 +3,9 @@
 use std::net::Ipv4Addr;
 
 use super::{Decision, DiskFacts, DockerProbe, NodeFacts, RankWeights, Settings, WeightsSource};
-use crate::preflight::budget::{RANK_WEIGHT_BYTES, RESERVE_BYTES};
+const RANK_WEIGHT_BYTES: u64 = crate::engine::limits::TENSORFOLD_DSV41
+    .memory
+    .rank_weights_estimate;
 use crate::preflight::report::{Check, CheckResult};
 use crate::preflight::roce::{DirSysfs, mapped_gid};
 
@@ -19,7 +21,7 @@ pub(super) fn seed() -> Settings {
         min_avail_gib: 100,
         context: 1_048_576,
         max_pool: 1_114_063,
-        reserve: RESERVE_BYTES,
+        memory: crate::engine::limits::TENSORFOLD_DSV41.memory,
     }
 }
 

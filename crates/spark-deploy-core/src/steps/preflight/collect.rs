@@ -326,7 +326,8 @@ pub(super) async fn settle_inputs(
     let Some((inputs, mut cache)) = head else {
         return;
     };
-    let estimate = crate::preflight::budget::profile_estimate(&c.model.id);
+    let estimate =
+        crate::preflight::budget::profile_estimate(&c.model.id, &ctx.config().limits().memory);
     let needs_listing = inputs.checkpoint_total().is_none()
         && estimate.is_none()
         && (inputs.rank_files.len() < world || inputs.index.is_none());
