@@ -83,7 +83,10 @@ async fn scenario(work: &Path, path: &str) -> R<()> {
         let text = stdout(&out);
         let last = text
             .lines()
-            .find(|l| l.contains("\"preflight\""))
+            .find(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .is_ok_and(|v| v.get("preflight").is_some())
+            })
             .or_else(|| text.lines().last())
             .unwrap_or("")
             .to_owned();
@@ -121,7 +124,9 @@ async fn scenario(work: &Path, path: &str) -> R<()> {
     let text = stdout(&out);
     let last = text
         .lines()
-        .find(|l| l.contains("\"error\""))
+        .find(|l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v.get("error").is_some())
+        })
         .unwrap_or("")
         .to_owned();
     let v: serde_json::Value = serde_json::from_str(&last)?;
