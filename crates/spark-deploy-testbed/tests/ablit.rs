@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use spark_deploy_core::config::{ValidatedConfig, validate};
-use spark_deploy_core::event::{Event, Recorder, Source};
+use spark_deploy_core::event::{Event, Recorder};
 use spark_deploy_core::layout::NodeLayout;
 use spark_deploy_core::plan::{Plan, StepKind};
 use spark_deploy_core::run::Context;
@@ -27,7 +27,7 @@ use spark_deploy_testbed::demo::{ABLIT, ABLIT_TOKEN, MODEL};
 use spark_deploy_testbed::standin::inputs::{Checkpoint, SafetensorsHeader};
 use spark_deploy_testbed::standin::rank_file::Entry;
 
-use common::testbed::{R, on_testbed};
+use common::testbed::{R, on_testbed, steps};
 
 /// Where a tensor's bytes come from: the genuine checkpoint or the overlay file.
 enum Weights {
@@ -133,23 +133,6 @@ fn assert_loaded(w: &Weights, other: &Weights, what: &str) {
             }
         }
     }
-}
-
-fn steps(events: &[Event]) -> Vec<(StepKind, &'static str)> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Finished {
-                source: Source::Step(s),
-                ..
-            } => Some((*s, "ran")),
-            Event::Skipped {
-                source: Source::Step(s),
-                ..
-            } => Some((*s, "skipped")),
-            _ => None,
-        })
-        .collect()
 }
 
 async fn up(v: &ValidatedConfig) -> R<Vec<Event>> {

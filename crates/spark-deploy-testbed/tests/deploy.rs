@@ -18,6 +18,10 @@ use spark_deploy_core::run::Context;
 use spark_deploy_core::run::StepStatus;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
 
+mod common;
+
+use common::testbed::steps;
+
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn options() -> TestbedOptions {
@@ -25,27 +29,6 @@ fn options() -> TestbedOptions {
         install_tools: true,
         ..TestbedOptions::default()
     }
-}
-
-fn steps(events: &[Event]) -> Vec<(StepKind, &'static str)> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Finished {
-                source: Source::Step(step),
-                ..
-            } => Some((*step, "ran")),
-            Event::Skipped {
-                source: Source::Step(step),
-                ..
-            } => Some((*step, "skipped")),
-            Event::Failed {
-                source: Source::Step(step),
-                ..
-            } => Some((*step, "failed")),
-            _ => None,
-        })
-        .collect()
 }
 
 async fn chat(key: &str) -> R<serde_json::Value> {

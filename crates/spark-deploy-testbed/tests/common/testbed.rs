@@ -29,3 +29,28 @@ where
     result.unwrap();
     down.unwrap();
 }
+
+/// Each plan step's outcome in `events`: `ran`, `skipped` or `failed`, in order.
+pub fn steps(
+    events: &[spark_deploy_core::event::Event],
+) -> Vec<(spark_deploy_core::event::StepKind, &'static str)> {
+    use spark_deploy_core::event::{Event, Source};
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Finished {
+                source: Source::Step(step),
+                ..
+            } => Some((*step, "ran")),
+            Event::Skipped {
+                source: Source::Step(step),
+                ..
+            } => Some((*step, "skipped")),
+            Event::Failed {
+                source: Source::Step(step),
+                ..
+            } => Some((*step, "failed")),
+            _ => None,
+        })
+        .collect()
+}
