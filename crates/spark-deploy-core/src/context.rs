@@ -121,6 +121,7 @@ pub struct Context {
     already_running: std::sync::atomic::AtomicBool,
     preflight_deferred: std::sync::atomic::AtomicBool,
     preflight: Mutex<Option<PreflightReport>>,
+    launch_started: Mutex<Option<std::time::Instant>>,
 }
 
 impl Context {
@@ -160,6 +161,7 @@ impl Context {
             already_running: std::sync::atomic::AtomicBool::new(false),
             preflight_deferred: std::sync::atomic::AtomicBool::new(false),
             preflight: Mutex::new(None),
+            launch_started: Mutex::new(None),
         }
     }
 
@@ -198,6 +200,19 @@ impl Context {
             ),
             Err(e) => format!("<log unavailable: {e}>"),
         }
+    }
+
+    /// Records that the launch starts its first rank now (the origin of the startup timings).
+    pub fn mark_launch_started(&self) {
+        if let Ok(mut t) = self.launch_started.lock() {
+            *t = Some(std::time::Instant::now());
+        }
+    }
+
+    /// When this run's launch started its first rank, if it did.
+    #[must_use]
+    pub fn launch_started(&self) -> Option<std::time::Instant> {
+        self.launch_started.lock().ok().and_then(|t| *t)
     }
 
     /// The validated config.

@@ -180,6 +180,16 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
     // them on the worker (the kit's MANIFEST for the fingerprint).
     opened_is_shipped(&ctx, &v).await?;
 
+    // Smoke measured the startup: port open, then HTTP ready, then the first token, after the
+    // launch of the first rank (what `bench` reports next to its throughput).
+    let t =
+        spark_deploy_core::lifecycle::startup::read(Path::new(&v.config().deployment.state_dir))?
+            .ok_or("no startup timings")?;
+    assert!(
+        t.port_open_s > 0.0 && t.port_open_s <= t.http_ready_s && t.http_ready_s <= t.first_token_s,
+        "{t:?}"
+    );
+
     // Preflight decided the GPU and RoCE checks on the facts each node presents (its
     // nvidia-smi, its sysfs tree), the budget on the checkpoint's real size, and handed the GID
     // index it found in each node's sysfs to that node's rank.

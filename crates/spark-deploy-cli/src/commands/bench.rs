@@ -95,14 +95,20 @@ pub(crate) fn run(global: &Global, args: &BenchArgs) -> Result<(), Failure> {
             stop.load(Ordering::SeqCst)
         }))
         .map_err(|e| Failure::new(RUNTIME, &e, None))?;
-    let json = report::benchy_json(&results, &fingerprint);
+    let mut json = report::benchy_json(&results, &fingerprint);
+    let startup = report::add_startup(&mut json, Path::new(&config.config().deployment.state_dir));
     let dir = report::dir(
         Path::new(&config.config().deployment.state_dir),
         &fingerprint,
     );
     let stored =
         report::store(&dir, results.at_unix, &json).map_err(|e| Failure::new(RUNTIME, &e, None))?;
-    let table = report::markdown(&results);
+    let mut table = report::markdown(&results);
+    if let Some(t) = &startup {
+        table.push('\n');
+        table.push_str(&report::startup_line(t));
+        table.push('\n');
+    }
     let ts = stored.file_stem().map_or_else(
         || results.at_unix.to_string(),
         |s| s.to_string_lossy().into_owned(),

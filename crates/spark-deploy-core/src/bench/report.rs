@@ -138,8 +138,31 @@ pub fn fingerprint(config: &ValidatedConfig) -> Result<String, ReportError> {
     if let Some(r) = launch_record::read(state)? {
         h.update(r.fingerprint);
         h.update(r.model_commit);
+        if let Some(clocks) = r.gpu_clocks {
+            h.update(clocks);
+        }
     }
     Ok(hex::encode(h.finalize())[..16].to_owned())
+}
+
+/// The startup timings of the last `up` as one line for the table.
+#[must_use]
+pub fn startup_line(t: &crate::lifecycle::startup::StartupTimings) -> String {
+    format!(
+        "startup of the last up: port open {:.1} s, HTTP ready {:.1} s, first token {:.1} s after the launch",
+        t.port_open_s, t.http_ready_s, t.first_token_s
+    )
+}
+
+/// Adds the startup timings of the last `up` (`<state_dir>/startup.json`, when `up` measured
+/// them) to a report's JSON (`spark_deploy.startup`) and returns them.
+pub fn add_startup(
+    json: &mut Value,
+    state_dir: &Path,
+) -> Option<crate::lifecycle::startup::StartupTimings> {
+    let t = crate::lifecycle::startup::read(state_dir).ok().flatten()?;
+    json["spark_deploy"]["startup"] = serde_json::to_value(t).unwrap_or(Value::Null);
+    Some(t)
 }
 
 /// `<state_dir>/bench/<fingerprint>/`.
@@ -299,4 +322,29 @@ pub fn compare_markdown(deltas: &[Delta], threshold: f64) -> String {
         );
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_ups_startup_timings_join_the_report() {
+        let d = tempfile::tempdir().unwrap();
+        let mut json = serde_json::json!({"spark_deploy": {"fingerprint": "f"}});
+        assert!(add_startup(&mut json, d.path()).is_none());
+        let t = crate::lifecycle::startup::StartupTimings {
+            at_unix: 7,
+            port_open_s: 1.25,
+            http_ready_s: 2.5,
+            first_token_s: 2.75,
+        };
+        crate::lifecycle::startup::write(d.path(), &t).unwrap();
+        assert_eq!(add_startup(&mut json, d.path()), Some(t));
+        assert_eq!(json["spark_deploy"]["startup"]["http_ready_s"], 2.5);
+        assert_eq!(
+            startup_line(&t),
+            "startup of the last up: port open 1.2 s, HTTP ready 2.5 s, first token 2.8 s after the launch"
+        );
+    }
 }

@@ -284,6 +284,7 @@ mod tests {
             model_commit: "a".repeat(40),
             nodes: vec![detected(&head_name, "198.18.0.1")],
             ranks: vec![],
+            gpu_clocks: None,
             at_unix: 0,
         };
         // The worker is not in the record: still pending.

@@ -41,6 +41,9 @@ pub struct LaunchRecord {
     pub nodes: Vec<NodeFacts>,
     /// The rank containers.
     pub ranks: Vec<LaunchedRank>,
+    /// The GPU clocks preflight observed on every node (its `gpu.clocks` row), when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_clocks: Option<String>,
     /// When the launch finished, seconds since the Unix epoch.
     pub at_unix: u64,
 }
@@ -147,6 +150,7 @@ mod tests {
                 name: "x-rank1".into(),
                 id: "abc".into(),
             }],
+            gpu_clocks: None,
             at_unix: 1_796_000_000,
         };
         write(t.path(), &r).unwrap();

@@ -7,4 +7,5 @@ pub mod lock;
 pub mod log_stream;
 pub mod log_time;
 pub mod logs;
+pub mod startup;
 pub mod status;

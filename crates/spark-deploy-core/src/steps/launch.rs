@@ -198,6 +198,7 @@ impl LaunchRank {
         }
         let c = ctx.config().config();
         crate::lifecycle::api_key::for_launch(&c.serving).map_err(|e| fail(e.into()))?;
+        ctx.mark_launch_started();
         for s in &mut specs {
             s.labels
                 .insert(labels::FINGERPRINT.to_owned(), fingerprint.clone());
@@ -269,6 +270,12 @@ async fn record_launch(ctx: &Context, specs: &[ContainerSpec], fingerprint: &str
         model_commit: facts.model_commit,
         nodes: facts.nodes,
         ranks,
+        gpu_clocks: ctx.preflight_report().and_then(|r| {
+            r.results
+                .iter()
+                .find(|row| row.check == crate::preflight::report::Check::GpuClocks)
+                .map(|row| row.observed.clone())
+        }),
         at_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),

@@ -131,10 +131,31 @@ impl Smoke {
             });
         }
         let start = Instant::now();
+        // Startup timings count from the launch of the first rank (this run's), else from now.
+        let origin = ctx.launch_started().unwrap_or(start);
+        let api_addr = (
+            if c.serving.host == "0.0.0.0" {
+                "127.0.0.1".to_owned()
+            } else {
+                c.serving.host.clone()
+            },
+            c.serving.port,
+        );
+        let mut port_open: Option<f64> = None;
         let mut last_note = Instant::now();
         loop {
             if ctx.is_cancelled() {
                 return Err(fail(SmokeError::Cancelled));
+            }
+            if port_open.is_none()
+                && tokio::time::timeout(
+                    Duration::from_millis(200),
+                    tokio::net::TcpStream::connect((api_addr.0.as_str(), api_addr.1)),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok())
+            {
+                port_open = Some(origin.elapsed().as_secs_f64());
             }
             let why = match engine.probe_ready(ctx, &api).await {
                 Ok(Readiness::Ready) => break,
@@ -162,12 +183,40 @@ impl Smoke {
                 );
                 last_note = Instant::now();
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        let http_ready = origin.elapsed().as_secs_f64();
         let line = engine
             .probe_generation(ctx, &api)
             .await
             .map_err(|e| fail(SmokeError::Probe(e)))?;
+        let timings = crate::lifecycle::startup::StartupTimings {
+            at_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+                .saturating_sub(origin.elapsed().as_secs()),
+            port_open_s: port_open.unwrap_or(http_ready),
+            http_ready_s: http_ready,
+            first_token_s: origin.elapsed().as_secs_f64(),
+        };
+        ctx.log(
+            StepKind::Smoke,
+            Some(&self.node),
+            Level::Info,
+            format!(
+                "startup: port open {:.1} s, HTTP ready {:.1} s, first token {:.1} s after the launch",
+                timings.port_open_s, timings.http_ready_s, timings.first_token_s
+            ),
+        );
+        let state_dir = std::path::Path::new(&c.deployment.state_dir);
+        if let Err(e) = crate::lifecycle::startup::write(state_dir, &timings) {
+            ctx.log(
+                StepKind::Smoke,
+                None,
+                Level::Warn,
+                format!("{e}: bench will not show the startup timings"),
+            );
+        }
         ctx.log(StepKind::Smoke, Some(&self.node), Level::Info, line);
         ctx.log(
             StepKind::Smoke,
