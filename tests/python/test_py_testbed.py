@@ -62,7 +62,14 @@ def test_deploy_chat_status_logs_stop(testbed):
         if e["event"] == "progress":
             progress.setdefault((e["source"].get("step"), e.get("node"), e["label"]), []).append(e["bytes_done"])
     assert progress, "no progress events"
-    assert any(len(v) > 1 and v == sorted(v) and v[-1] > v[0] for v in progress.values())
+    # Every file's figures only grow, and the bytes move: some step on some node reports more
+    # than once with growing totals (copy mode ships only small files now, so a single file may
+    # report once).
+    assert all(v == sorted(v) for v in progress.values()), progress
+    per_step = {}
+    for (step, node, _), v in progress.items():
+        per_step.setdefault((step, node), []).extend(v)
+    assert any(len(v) > 1 and max(v) > min(v) for v in per_step.values()), progress
 
     client = openai.OpenAI(base_url=dep.base_url, api_key=dep.api_key())
     r = client.chat.completions.create(

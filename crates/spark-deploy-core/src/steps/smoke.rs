@@ -183,7 +183,7 @@ impl Smoke {
                 );
                 last_note = Instant::now();
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let http_ready = origin.elapsed().as_secs_f64();
         let line = engine
