@@ -72,10 +72,24 @@ def cache_layout(repo_dir: pathlib.Path) -> dict:
     return {"blobs": blobs, "snapshots": snapshots, "refs": refs}
 
 
-def write_fetch_config(dir_: pathlib.Path, endpoint: str, revisions: dict) -> pathlib.Path:
+def write_fetch_config(
+    dir_: pathlib.Path, endpoint: str | None, revisions: dict, ablit: bool | None = None
+) -> pathlib.Path:
     """`dir_/spark-deploy.toml` fetching the testbed repos at `revisions` ({repo: revision}; the
-    overlay, with ABLIT on, only when it is a key) from `endpoint` into `dir_/hf` (`dir_/hf-ablit`)."""
-    ablit = OVERLAY in revisions
+    overlay, with ABLIT on, only when it is a key unless `ablit` says) from `endpoint` into
+    `dir_/hf` (`dir_/hf-ablit`). With `endpoint` None the hub's endpoint, cache and token file are
+    left to the environment (only the ABLIT cache is set)."""
+    ablit = OVERLAY in revisions if ablit is None else ablit
+    hub = (
+        f"""ablit_cache = "{dir_ / 'hf-ablit'}"
+"""
+        if endpoint is None
+        else f"""endpoint = "{endpoint}"
+cache = "{dir_ / 'hf'}"
+ablit_cache = "{dir_ / 'hf-ablit'}"
+token_file = "{dir_ / 'no-token-file'}"
+"""
+    )
     cfg = dir_ / "spark-deploy.toml"
     cfg.write_text(
         f"""
@@ -95,11 +109,7 @@ ablit_id = "{OVERLAY}"
 ablit_revision = "{revisions.get(OVERLAY, 'main')}"
 
 [hub]
-endpoint = "{endpoint}"
-cache = "{dir_ / 'hf'}"
-ablit_cache = "{dir_ / 'hf-ablit'}"
-token_file = "{dir_ / 'no-token-file'}"
-
+{hub}
 [[nodes]]
 name = "head"
 ssh = "local"

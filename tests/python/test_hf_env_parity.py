@@ -33,7 +33,7 @@ import time
 
 import pytest
 from conftest import GATED_TOKEN, generate_hub_tree, safetensors_bytes, spark_deploy_binary, start_hub
-from hub_cache import KIT, MODEL, ORIGINAL, OVERLAY, PATTERNS, repo_folder
+from hub_cache import KIT, MODEL, ORIGINAL, OVERLAY, PATTERNS, repo_folder, write_fetch_config
 
 WRONG_TOKEN = "hf_decoy_token_the_hub_refuses_00000"
 
@@ -149,37 +149,7 @@ def spark_view(env, cfg):
 def write_config(d: pathlib.Path, revisions: dict, ablit: bool) -> pathlib.Path:
     """A fetch config naming the testbed repos, and nothing of the hub but the ABLIT cache: the
     cache, token file and endpoint come from the environment."""
-    cfg = d / "spark-deploy.toml"
-    cfg.write_text(
-        f"""
-[deployment]
-state_dir = "{d / 'state'}"
-
-[model]
-id = "{MODEL}"
-revision = "{revisions[MODEL]}"
-engram_repo = "{ORIGINAL}"
-engram_revision = "{revisions[ORIGINAL]}"
-engram_files = ["*.safetensors"]
-kit_repo = "{KIT}"
-kit_revision = "{revisions[KIT]}"
-ablit = {"true" if ablit else "false"}
-ablit_id = "{OVERLAY}"
-ablit_revision = "main"
-
-[hub]
-ablit_cache = "{d / 'hf-ablit'}"
-
-[[nodes]]
-name = "head"
-ssh = "local"
-
-[[nodes]]
-name = "worker-1"
-ssh = "root@127.0.0.1"
-"""
-    )
-    return cfg
+    return write_fetch_config(d, None, revisions, ablit=ablit)
 
 
 def token_file(path: pathlib.Path, token: str):

@@ -27,7 +27,7 @@ use spark_deploy_testbed::demo::{ABLIT, ABLIT_TOKEN, MODEL};
 use spark_deploy_testbed::standin::inputs::{Checkpoint, SafetensorsHeader};
 use spark_deploy_testbed::standin::rank_file::Entry;
 
-use common::testbed::{R, on_testbed, steps};
+use common::testbed::{R, any_rank_container, on_testbed, steps};
 
 /// Where a tensor's bytes come from: the genuine checkpoint or the overlay file.
 enum Weights {
@@ -178,17 +178,8 @@ async fn start(v: &ValidatedConfig) -> (String, String) {
 }
 
 fn nothing_running() {
-    let ps = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            "label=io.spark-deploy.deployment=sd-testbed",
-        ])
-        .output()
-        .unwrap();
     assert!(
-        ps.stdout.is_empty(),
+        !any_rank_container().unwrap(),
         "a rank container exists after a refusal"
     );
 }

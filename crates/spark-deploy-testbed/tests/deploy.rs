@@ -20,7 +20,7 @@ use spark_deploy_testbed::cluster::{self, TestbedOptions};
 
 mod common;
 
-use common::testbed::steps;
+use common::testbed::{any_rank_container, steps};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -342,15 +342,7 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
         .await
         .expect_err("mismatch");
     assert!(err.to_string().contains("token_map_sha256"), "{err}");
-    let ps = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            "label=io.spark-deploy.deployment=sd-testbed",
-        ])
-        .output()?;
-    assert!(ps.stdout.is_empty(), "nothing started on a mismatch");
+    assert!(!any_rank_container()?, "nothing started on a mismatch");
     std::fs::write(&tm, &original)?;
 
     // 7. From stopped, a re-run skips what is up to date.

@@ -18,11 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use spark_deploy_core::engine::tensorfold::inputs::{
-    Cancelled, RankCacheOptions, RankCacheProgress, build_rank_cache, model_config,
-    plan_rank_cache, rope, token_map,
-};
-use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
+use spark_deploy_core::engine::tensorfold::inputs::{model_config, rope};
+use spark_deploy_testbed::standin::loopback::LoopbackInputs;
 use spark_deploy_testbed::standin::rank_file::RankFile;
 
 const POOL: u64 = 4096;
@@ -40,7 +37,7 @@ fn timeout() -> Duration {
 // ---- fixture ------------------------------------------------------------------------------------
 
 struct Fixture {
-    _dir: tempfile::TempDir,
+    _inputs: LoopbackInputs,
     engine: PathBuf,
     model: PathBuf,
     original: PathBuf,
@@ -51,59 +48,30 @@ struct Fixture {
     key_file: PathBuf,
 }
 
+/// The small checkpoint, its token map, both rank files and the built stand-in installed as the
+/// engine ([`LoopbackInputs`], as the loopback pair uses them), plus an API key file.
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        let g = generate(&CheckpointSpec::small(7), &root.join("repos")).unwrap();
-        let cache = root.join("cache");
-        std::fs::create_dir_all(&cache).unwrap();
-        let tm = cache.join("dsv41_token_map.json");
-        token_map::write_token_map(&g.model_dir, &tm).unwrap();
-        let opts = RankCacheOptions {
-            engine_shape_guard: false,
-            chunk_bytes: 256 << 10,
-            threads: 1,
-            ..RankCacheOptions::default()
-        };
-        let mut caches = Vec::new();
-        for rank in 0..2 {
-            let out = root.join(format!("rank-cache-{rank}"));
-            std::fs::create_dir_all(&out).unwrap();
-            let plan = plan_rank_cache(&g.model_dir, rank, 2, &opts).unwrap();
-            build_rank_cache(&plan, &out, &opts, &mut |_: &RankCacheProgress| {
-                Ok::<(), Cancelled>(())
-            })
-            .unwrap();
-            caches.push(out);
+        let inputs =
+            LoopbackInputs::generate(Path::new(env!("CARGO_BIN_EXE_tf-standin")), 0).unwrap();
+        for name in ["tensorfold-native", "tf-dsv41-lanes"] {
+            assert!(inputs.engine().join(name).is_file(), "{name} installed");
         }
-        let engine = root.join("engine");
-        std::fs::create_dir_all(&engine).unwrap();
-        install(&engine);
-        let key_file = root.join("api-keys");
+        let key_file = inputs.dir().join("api-keys");
         std::fs::write(&key_file, format!("# keys\ntests: {KEY}\n")).unwrap();
         Fixture {
-            engine,
-            model: g.model_dir,
-            original: g.original_dir,
-            kit: g.kit_dir,
-            token_map: tm,
-            cache0: caches[0].clone(),
-            cache1: caches[1].clone(),
+            engine: inputs.engine().to_owned(),
+            model: inputs.model().to_owned(),
+            original: inputs.original().to_owned(),
+            kit: inputs.kit().to_owned(),
+            token_map: inputs.token_map().to_owned(),
+            cache0: inputs.cache(0).to_owned(),
+            cache1: inputs.cache(1).to_owned(),
             key_file,
-            _dir: dir,
+            _inputs: inputs,
         }
     })
-}
-
-/// Installs the built binary under both engine names (hard link, else copy).
-fn install(engine: &Path) {
-    let bin = Path::new(env!("CARGO_BIN_EXE_tf-standin"));
-    spark_deploy_testbed::standin::install_engine_dir(bin, engine).unwrap();
-    for name in ["tensorfold-native", "tf-dsv41-lanes"] {
-        assert!(engine.join(name).is_file(), "{name} installed");
-    }
 }
 
 fn free_port() -> u16 {

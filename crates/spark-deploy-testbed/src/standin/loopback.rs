@@ -126,6 +126,50 @@ impl LoopbackInputs {
     }
 }
 
+impl LoopbackInputs {
+    /// The directory holding everything below.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The engine directory (the stand-in under both engine names).
+    #[must_use]
+    pub fn engine(&self) -> &Path {
+        &self.engine
+    }
+
+    /// The EXL3 checkpoint (`MODEL_DIR`).
+    #[must_use]
+    pub fn model(&self) -> &Path {
+        &self.model
+    }
+
+    /// The original model (Engram tables, `bias_vl`).
+    #[must_use]
+    pub fn original(&self) -> &Path {
+        &self.original
+    }
+
+    /// The kernel kit.
+    #[must_use]
+    pub fn kit(&self) -> &Path {
+        &self.kit
+    }
+
+    /// The token map.
+    #[must_use]
+    pub fn token_map(&self) -> &Path {
+        &self.token_map
+    }
+
+    /// Rank `rank`'s rank-cache directory (0 or 1).
+    #[must_use]
+    pub fn cache(&self, rank: usize) -> &Path {
+        &self.caches[rank.min(1)]
+    }
+}
+
 /// How a pair is started.
 #[derive(Debug, Clone)]
 pub struct LoopbackOptions {

@@ -54,3 +54,16 @@ pub fn steps(
         })
         .collect()
 }
+
+/// Whether any container of the testbed deployment (`sd-testbed`) exists, running or not.
+pub fn any_rank_container() -> R<bool> {
+    let ps = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            "label=io.spark-deploy.deployment=sd-testbed",
+        ])
+        .output()?;
+    Ok(!ps.stdout.is_empty())
+}
