@@ -84,7 +84,7 @@ enum Command {
     Logs(commands::inspect::LogsArgs),
     /// Prepare the current config while the pair serves (preflight, inputs, storage, image), then
     /// stop both ranks and start both; a failure before the stop leaves the pair serving.
-    Restart,
+    Restart(commands::run::RunArgs),
     /// Print the deployment's API key (generated on the first `up`).
     ApiKey,
     /// Check what the deployment serves through its API (text, thinking, tools, JSON schema,
@@ -96,9 +96,9 @@ enum Command {
     #[cfg(feature = "testbed")]
     Demo,
     /// Run the whole deployment: preflight, fetch, rank inputs, worker storage, image, launch, smoke.
-    Up,
+    Up(commands::run::RunArgs),
     /// Stop every rank (rank 0 first), saving logs.
-    Down,
+    Down(commands::run::RunArgs),
     /// Every step up to, not including, the launch: preflight, fetch, rank inputs, worker
     /// storage, image. Starts and stops nothing.
     Prepare,
@@ -184,14 +184,16 @@ fn main() -> ExitCode {
         Command::Plan => commands::plan::run(&global),
         Command::Status => commands::inspect::run_status(&global),
         Command::Logs(args) => commands::inspect::run_logs(&global, &args),
-        Command::Restart => commands::run::run(&global, commands::run::Which::Restart),
+        Command::Restart(args) => {
+            commands::run::run_with(&global, commands::run::Which::Restart, &args)
+        }
         Command::ApiKey => commands::api_key(&global),
         Command::Validate(args) => commands::validate::run(&global, &args),
         Command::Bench(args) => commands::bench::run(&global, &args),
         #[cfg(feature = "testbed")]
         Command::Demo => commands::demo::run(&global),
-        Command::Up => commands::run::run(&global, commands::run::Which::Up),
-        Command::Down => commands::run::run(&global, commands::run::Which::Down),
+        Command::Up(args) => commands::run::run_with(&global, commands::run::Which::Up, &args),
+        Command::Down(args) => commands::run::run_with(&global, commands::run::Which::Down, &args),
         Command::Prepare => commands::run::run(&global, commands::run::Which::Prepare),
         Command::Preflight => commands::run::run(&global, commands::run::Which::Preflight),
         Command::Fetch { verify_only, .. } => commands::run::run(

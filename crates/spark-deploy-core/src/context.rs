@@ -122,6 +122,8 @@ pub struct Context {
     preflight_deferred: std::sync::atomic::AtomicBool,
     preflight: Mutex<Option<PreflightReport>>,
     launch_started: Mutex<Option<std::time::Instant>>,
+    prepare: Mutex<crate::config::PreparePolicy>,
+    dry_run: std::sync::atomic::AtomicBool,
 }
 
 impl Context {
@@ -149,6 +151,7 @@ impl Context {
             })
             .collect();
         let facts = Mutex::new(DeploymentFacts::placeholders(&config));
+        let prepare = Mutex::new(c.lifecycle.prepare);
         let (cancel_tx, cancel) = watch::channel(false);
         Self {
             config,
@@ -162,7 +165,38 @@ impl Context {
             preflight_deferred: std::sync::atomic::AtomicBool::new(false),
             preflight: Mutex::new(None),
             launch_started: Mutex::new(None),
+            prepare,
+            dry_run: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// A dry run: checks read and wait for nothing (`DRY_RUN=1`).
+    #[must_use]
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_dry_run(&self) {
+        self.dry_run
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How the preparation steps of the running plan treat what they find (`PREPARE`): the
+    /// config's `lifecycle.prepare`, except under `spark-deploy prepare`, which always prepares.
+    #[must_use]
+    pub fn prepare_policy(&self) -> crate::config::PreparePolicy {
+        *self
+            .prepare
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sets the policy the plan runs with (see [`Context::prepare_policy`]).
+    pub(crate) fn set_prepare_policy(&self, policy: crate::config::PreparePolicy) {
+        *self
+            .prepare
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = policy;
     }
 
     /// The index of the node named `name` (the head's, 0, for an unknown name).

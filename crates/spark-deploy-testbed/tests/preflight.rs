@@ -165,6 +165,29 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     }
     assert_eq!(row(&t, Check::GpuClocks, "all")?.verdict, Verdict::Warn);
 
+    // The recipe's FABRIC_PEER alone (the head's fabric address left to detection), then neither
+    // address given (an empty FABRIC_PEER): both are detected, and every fabric row passes.
+    let (head_addr, worker_addr) = (info.head_fabric_addr, info.worker().fabric_addr);
+    let mut c = good.clone();
+    c.nodes[0].fabric_addr = None;
+    for case in ["FABRIC_PEER alone", "no fabric address given"] {
+        let (passed, t) = preflight(&c, home).await?;
+        assert!(passed, "{case}:\n{}", t.to_table());
+        let w = row(&t, Check::FabricAddr, "worker-1")?;
+        assert!(
+            w.verdict == Verdict::Ok
+                && w.observed.starts_with(&format!("{worker_addr} on "))
+                && w.observed.ends_with(&format!("reaches {head_addr}")),
+            "{case}: {w:?}"
+        );
+        let h = row(&t, Check::FabricAddr, "head")?;
+        assert!(
+            h.observed.starts_with(&format!("{head_addr} on ")),
+            "{case}: {h:?}"
+        );
+        c.nodes[1].fabric_addr = None;
+    }
+
     // Ranks meant for the NVIDIA runtime: the testbed's daemon really has none.
     let mut c = good.clone();
     c.engine.runtime = "nvidia".into();

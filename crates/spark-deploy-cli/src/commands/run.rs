@@ -63,10 +63,48 @@ pub(crate) fn key_agrees(config: &ValidatedConfig) -> Result<(), Failure> {
     }
 }
 
+/// Flags of the verbs that change the deployment (`up`, `down`, `restart`).
+#[derive(clap::Args, Debug, Default)]
+pub(crate) struct RunArgs {
+    /// Print what would happen (the plan, with what read-only checks detect filled in) and
+    /// change nothing. Env: DRY_RUN=1.
+    #[arg(long, env = "DRY_RUN")]
+    pub dry_run: bool,
+}
+
 pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
+    run_with(global, which, &RunArgs::default())
+}
+
+/// `DRY_RUN=1`: the plan with what a read-only preflight detected; nothing changes.
+fn dry_run(global: &Global, config: ValidatedConfig, plan: &Plan) -> Result<(), Failure> {
+    if !global.json {
+        render::note("DRY_RUN=1: printing the plan; nothing is stopped, started or prepared");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(RUNTIME, &e, None))?;
+    let ctx = Context::new(
+        config,
+        Arc::new(TerminalSink::new(global.json, global.verbosity)),
+    );
+    let shown = rt.block_on(plan.dry_run(&ctx));
+    if global.json {
+        render::out(&serde_json::json!({ "dry_run": shown }).to_string());
+    } else {
+        render::out(&spark_deploy_core::plan::render::render_text(&shown.plan));
+    }
+    Ok(())
+}
+
+pub(crate) fn run_with(global: &Global, which: Which, args: &RunArgs) -> Result<(), Failure> {
     let config = global.load()?;
     render::warnings(config.warnings());
     let plan = Plan::for_verb(&config, which);
+    if args.dry_run {
+        return dry_run(global, config, &plan);
+    }
     if matches!(which, Which::Up | Which::Restart) {
         key_agrees(&config)?;
     }

@@ -369,16 +369,26 @@ impl Default for LifecycleSection {
     }
 }
 
-/// `PREPARE`.
+/// `PREPARE`: how `up` and `restart` treat the preparation steps (FetchCheckpoint,
+/// BuildRankCache, ConfigureWorkerStorage, BuildImage). `spark-deploy prepare` always prepares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PreparePolicy {
-    /// Prepare what a check finds missing or stale.
+    /// `auto` (`PREPARE=auto`): each step's own check decides what is missing or stale (stamps,
+    /// manifests, the rank files' index) and only that is prepared.
     Auto,
-    /// Always redo the preparation steps.
+    /// `always` (`PREPARE=1`): every step checks in full instead of trusting stamps — rank files
+    /// are compared byte for byte with the checkpoint and rebuilt when they differ.
     Always,
-    /// Never prepare; fail if something is missing.
+    /// `never` (`PREPARE=0`): nothing is downloaded, built, shipped or imaged; the fetch stands on
+    /// the verified cache, the rank inputs must verify as they are, worker storage and image are
+    /// left as they are (the launch's cross-rank checks still refuse what differs).
     Never,
+}
+
+impl PreparePolicy {
+    /// The remedy of a failure that `never` caused.
+    pub const NOT_PREPARED_REMEDY: &'static str = "PREPARE=0 (lifecycle.prepare = \"never\") prepares nothing: run `spark-deploy prepare` first, or `up` with PREPARE=auto";
 }
 
 /// One `[[nodes]]` entry; the first is the head (rank 0, API), the others are workers.

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use std::sync::Arc;
 
-use crate::config::ValidatedConfig;
+use crate::config::{PreparePolicy, ValidatedConfig};
 pub use crate::describe::{Action, PlanDescription, StepDescription, render};
 use crate::engine::{self, Engine};
 pub use crate::event::StepKind;
@@ -108,6 +108,7 @@ pub struct Plan {
     engine: Arc<dyn Engine>,
     facts: DeploymentFacts,
     steps: Vec<Step>,
+    prepare: PreparePolicy,
 }
 
 impl Plan {
@@ -146,6 +147,7 @@ impl Plan {
             engine,
             facts,
             steps,
+            prepare: config.config().lifecycle.prepare,
         }
     }
 
@@ -207,6 +209,7 @@ impl Plan {
             engine: engine::for_config(config),
             facts,
             steps: vec![Step::Stop(Stop::new(config))],
+            prepare: config.config().lifecycle.prepare,
         }
     }
 
@@ -235,7 +238,42 @@ impl Plan {
         plan.steps[0] = Step::Preflight(Preflight::new(config));
         plan.steps
             .retain(|s| !matches!(s.kind(), StepKind::LaunchRank | StepKind::Smoke));
+        // Asked for by name: PREPARE=0 does not stop it.
+        if plan.prepare == PreparePolicy::Never {
+            plan.prepare = PreparePolicy::Auto;
+        }
         plan
+    }
+
+    /// The same plan for `facts` (what preflight and fetch detected): the steps that depend on
+    /// them are computed again.
+    #[must_use]
+    pub fn with_facts(&self, facts: DeploymentFacts) -> Self {
+        let e = self.engine.as_ref();
+        let steps = self
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::ConfigureWorkerStorage(_) => Step::ConfigureWorkerStorage(
+                    ConfigureWorkerStorage::new(e, &self.config, &facts),
+                ),
+                Step::LaunchRank(_) => Step::LaunchRank(LaunchRank::new(e, &self.config, &facts)),
+                other => other.clone(),
+            })
+            .collect();
+        Self {
+            config: self.config.clone(),
+            engine: Arc::clone(&self.engine),
+            facts,
+            steps,
+            prepare: self.prepare,
+        }
+    }
+
+    /// How the preparation steps treat what they find (`PREPARE`; see [`PreparePolicy`]).
+    #[must_use]
+    pub fn prepare_policy(&self) -> PreparePolicy {
+        self.prepare
     }
 
     /// A custom plan of the given steps.
@@ -246,6 +284,7 @@ impl Plan {
             engine: engine::for_config(config),
             facts: DeploymentFacts::placeholders(config),
             steps,
+            prepare: config.config().lifecycle.prepare,
         }
     }
 

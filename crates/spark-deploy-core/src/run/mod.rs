@@ -16,6 +16,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 pub use crate::context::{Context, Outcome, StepFailure, node_target};
+pub use dry_run::DryRun;
+
+mod dry_run;
 
 use crate::engine::Engine;
 use crate::event::Event;
@@ -85,6 +88,16 @@ async fn run_step(step: &Step, ctx: &Context, engine: &dyn Engine) -> Result<Out
             None,
         ));
     }
+    if ctx.prepare_policy() == crate::config::PreparePolicy::Never
+        && matches!(
+            step.kind(),
+            StepKind::ConfigureWorkerStorage | StepKind::BuildImage
+        )
+    {
+        return Ok(Outcome::Skipped {
+            reason: "PREPARE=0: left as it is (the launch still refuses ranks whose inputs or image differ)".into(),
+        });
+    }
     let work = async {
         match step {
             Step::Preflight(s) => s.run(ctx).await,
@@ -128,6 +141,7 @@ impl Plan {
     /// [`RunError`] with the report so far; ranks started by this run are stopped first.
     pub async fn run(&self, ctx: &Context) -> Result<RunReport, RunError> {
         let mut report = RunReport::default();
+        ctx.set_prepare_policy(self.prepare_policy());
         let state_dir = std::path::PathBuf::from(&ctx.config().config().deployment.state_dir);
         let _lock = crate::lifecycle::lock::DeploymentLock::acquire(&state_dir).map_err(|e| {
             let step = self.steps().first().map_or(StepKind::Preflight, Step::kind);

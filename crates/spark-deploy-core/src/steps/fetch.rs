@@ -3,7 +3,7 @@ use serde::Serialize;
 use std::sync::Mutex;
 
 use crate::commit::is_commit_id;
-use crate::config::ValidatedConfig;
+use crate::config::{PreparePolicy, ValidatedConfig};
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
 use crate::engine::Engine;
@@ -298,10 +298,20 @@ impl FetchCheckpoint {
         };
         let mut transferred = 0;
         let mut summaries = Vec::new();
+        let never = ctx.prepare_policy() == PreparePolicy::Never;
+        if never {
+            ctx.log(
+                StepKind::FetchCheckpoint,
+                Some(&self.node),
+                Level::Info,
+                "PREPARE=0: nothing is downloaded; the cached snapshots must be complete",
+            );
+        }
         for r in &self.repos {
             let mut cfg = HubConfig::new(endpoint.clone(), hub_dir(&r.cache));
             cfg.token.clone_from(&token);
-            cfg.offline = c.hub.offline;
+            // PREPARE=0 downloads nothing: the fetch stands on the verified cache, as offline.
+            cfg.offline = c.hub.offline || never;
             // On cancellation the transfers put what they received on disk before the step ends.
             cfg.cancel = Some(ctx.cancel_signal());
             let fail = |e: Box<dyn std::error::Error + Send + Sync>| {
@@ -325,7 +335,11 @@ impl FetchCheckpoint {
                     report.transferred,
                 ),
                 Err(e) if e.is_offline() => {
-                    let remedy = e.remedy();
+                    let remedy = if never {
+                        Some(PreparePolicy::NOT_PREPARED_REMEDY.to_owned())
+                    } else {
+                        e.remedy()
+                    };
                     return Err(StepFailure::new(StepKind::FetchCheckpoint, e, remedy));
                 }
                 Err(e) if e.is_unreachable() && is_commit_id(&r.revision) => {

@@ -1,9 +1,9 @@
-use std::net::Ipv4Addr;
 use std::path::Path;
 
 use serde::Serialize;
 
 mod collect;
+mod fabric_peers;
 
 use crate::config::ValidatedConfig;
 use crate::context::{Context, Outcome, StepFailure};
@@ -148,16 +148,7 @@ impl Preflight {
     pub(crate) async fn check(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
         ctx.set_preflight_deferred(false);
         let c = ctx.config().config();
-        let addrs: Vec<Option<Ipv4Addr>> = c.nodes.iter().map(|n| n.fabric_addr).collect();
-        let peers: Vec<Option<Ipv4Addr>> = (0..c.nodes.len())
-            .map(|i| {
-                if i == 0 {
-                    addrs.get(1).copied().flatten()
-                } else {
-                    addrs[0]
-                }
-            })
-            .collect();
+        let peers = fabric_peers::peers(&fabric_peers::resolve(ctx).await);
         let gathered =
             futures::future::join_all((0..c.nodes.len()).map(|i| gather(ctx, i, peers[i]))).await;
         let mut head = None;
@@ -225,14 +216,7 @@ impl Preflight {
                 format!("{}: {}{remedy}", r.check, r.observed),
             );
         }
-        ctx.set_preflight_report(report.clone());
-        if report.verdict() == Verdict::Fail {
-            return Err(StepFailure::new(
-                StepKind::Preflight,
-                PreflightFailed { report },
-                Some("fix the failed checks; nothing was changed".into()),
-            ));
-        }
+        // What was detected is recorded also when a check failed (a dry run shows it).
         ctx.update_facts(|facts| {
             for (nf, f) in facts.nodes.iter_mut().zip(&decision.detected) {
                 if let Some(r) = &f.route {
@@ -245,6 +229,14 @@ impl Preflight {
                 nf.gpu = f.gpu;
             }
         });
+        ctx.set_preflight_report(report.clone());
+        if report.verdict() == Verdict::Fail {
+            return Err(StepFailure::new(
+                StepKind::Preflight,
+                PreflightFailed { report },
+                Some("fix the failed checks; nothing was changed".into()),
+            ));
+        }
         Ok(Outcome::Done { bytes: None })
     }
 }

@@ -8,7 +8,7 @@ use super::inputs::rank_cache::{
     verify_rank_cache,
 };
 use super::inputs::{bias_vl, kit, model_config::ModelConfig, rope, token_map};
-use crate::config::ValidatedConfig;
+use crate::config::{PreparePolicy, ValidatedConfig};
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
 use crate::event::StepKind;
@@ -198,6 +198,12 @@ impl RankInputs {
         let fetched_bias = std::path::PathBuf::from(&layout.bias_vl_file);
         let world = self.ranks.len();
         let shape_guard = c.engine.shape_guard;
+        let never = ctx.prepare_policy() == PreparePolicy::Never;
+        let level = if ctx.prepare_policy() == PreparePolicy::Always {
+            VerifyLevel::Bytes
+        } else {
+            VerifyLevel::Index
+        };
         let wanted = InputsSource::of(ctx.config(), &facts);
         let overlay = match wanted.overlay_dir(ctx.config()) {
             Some(dir) if dir.is_dir() => Some(dir),
@@ -254,12 +260,18 @@ impl RankInputs {
                     let mut quiet = |_: &_| Ok(());
                     // The index cannot tell a genuine file from an overlaid one (same shapes, same
                     // name): a verified file is kept only when its sidecar names this source.
-                    if let Ok(f) =
-                        verify_rank_cache(&plan, &out, VerifyLevel::Index, &opts, &mut quiet)
-                    {
-                        match source::recorded(&f) {
+                    match verify_rank_cache(&plan, &out, level, &opts, &mut quiet) {
+                        Ok(f) => match source::recorded(&f) {
                             Some(s) if s == label => {
-                                notes.push(format!("rank {rank}: {} verified", plan.file_name));
+                                notes.push(format!(
+                                    "rank {rank}: {} verified{}",
+                                    plan.file_name,
+                                    if level == VerifyLevel::Bytes {
+                                        " byte for byte (PREPARE=1)"
+                                    } else {
+                                        ""
+                                    }
+                                ));
                                 continue;
                             }
                             s => notes.push(format!(
@@ -267,7 +279,23 @@ impl RankInputs {
                                 plan.file_name,
                                 s.as_deref().unwrap_or("an unrecorded source")
                             )),
-                        }
+                        },
+                        Err(e) if out.join(&plan.file_name).exists() => notes.push(format!(
+                            "rank {rank}: {} does not verify ({e}), rebuilding",
+                            plan.file_name
+                        )),
+                        Err(_) => {}
+                    }
+                    if never {
+                        return Err((
+                            format!(
+                                "rank {rank}: {} in {} is missing or does not verify, and PREPARE=0 builds nothing",
+                                plan.file_name,
+                                out.display()
+                            )
+                            .into(),
+                            PreparePolicy::NOT_PREPARED_REMEDY,
+                        ));
                     }
                     let tx2 = tx.clone();
                     let mut progress = |p: &super::inputs::rank_cache::RankCacheProgress| {
@@ -286,7 +314,29 @@ impl RankInputs {
                     built += plan.file_len();
                     notes.push(format!("rank {rank}: built {}", file.display()));
                 }
+                // PREPARE=0: what is missing is named, not made.
+                let made_nothing = |path: &Path, what: &str| {
+                    if never && !path.exists() {
+                        return Err((
+                            format!(
+                                "{what} {} is missing, and PREPARE=0 builds nothing",
+                                path.display()
+                            )
+                            .into(),
+                            PreparePolicy::NOT_PREPARED_REMEDY,
+                        ));
+                    }
+                    Ok(())
+                };
                 let tm = inputs.join(TOKEN_MAP_FILE);
+                made_nothing(&tm, "the token map")?;
+                made_nothing(&kit_dir.join("MANIFEST"), "the kit")?;
+                made_nothing(&kit_dir.join("rope-plain-cos.f32"), "the RoPE table")?;
+                made_nothing(
+                    &kit_dir.join("vision/gate_bias_vl.safetensors"),
+                    "the vision gate bias",
+                )?;
+                made_nothing(&engram_dir, "the Engram tables directory")?;
                 if !tm.exists() {
                     let m = token_map::write_token_map(&model_dir, &tm).map_err(|e| {
                         (
@@ -301,7 +351,7 @@ impl RankInputs {
                 }
                 // The kit: the published files (hard-linked), generated RoPE tables and bias when missing,
                 // then every MANIFEST entry checked.
-                if kit_src.is_dir() {
+                if kit_src.is_dir() && !never {
                     link_tree(&kit_src, &kit_dir, &|_| true)
                         .map_err(|e| (Box::new(e) as BoxError, "the kit must be readable"))?;
                 }
@@ -340,7 +390,12 @@ impl RankInputs {
                 // Only the Engram shards: the engine reads the tables, nothing else of the
                 // original model (its config and index stay in the HF cache).
                 let is_shard = |p: &Path| p.extension().is_some_and(|e| e == "safetensors");
-                let linked = link_tree(&original, &engram_dir, &is_shard).map_err(|e| {
+                let linked = if never {
+                    Ok(0)
+                } else {
+                    link_tree(&original, &engram_dir, &is_shard)
+                }
+                .map_err(|e| {
                     (
                         Box::new(e) as BoxError,
                         "the Engram shards must be on the head's local disk",

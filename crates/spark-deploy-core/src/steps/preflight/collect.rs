@@ -118,7 +118,7 @@ async fn gather_memory(ctx: &Context, exec: &Exec, node: &NodeConfig, f: &mut No
     f.meminfo = read_meminfo(exec).await;
     let started = std::time::Instant::now();
     while let Some(avail) = below_floor(&f.meminfo, floor) {
-        if started.elapsed() >= MEM_WAIT || ctx.is_cancelled() {
+        if started.elapsed() >= MEM_WAIT || ctx.is_cancelled() || ctx.is_dry_run() {
             break;
         }
         ctx.log(
@@ -165,12 +165,13 @@ async fn gather_fabric(exec: &Exec, node: &NodeConfig, peer: Ipv4Addr, f: &mut N
     f.route = Some(route);
 }
 
-/// `df` of `dir` (created if missing) with nothing known to be missing there yet.
+/// `df` of `dir` (or of its nearest existing parent: preflight creates nothing) with nothing
+/// known to be missing there yet.
 async fn disk_of(exec: &Exec, dir: &str) -> DiskFacts {
     let df = text(
         exec,
         &Cmd::shell(format!(
-            "{HOME_PATH}mkdir -p -- \"$1\" && df -Pk -- \"$1\" | tail -1"
+            "{HOME_PATH}d=\"$1\"; while [ ! -e \"$d\" ] && [ \"$d\" != / ]; do d=$(dirname -- \"$d\"); done; df -Pk -- \"$d\" | tail -1"
         ))
         .args(["sh", dir]),
     )
