@@ -386,3 +386,41 @@ fn every_verb_honours_json_or_refuses_it() {
     let v: serde_json::Value = serde_json::from_str(&last).unwrap();
     assert_eq!(v["exit_code"], 4, "{last}");
 }
+
+#[test]
+fn dry_run_prints_the_plan_and_changes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    unreachable_config(d.path());
+    for verb in ["up", "restart", "down"] {
+        let o = run(d.path(), &[verb], &[("DRY_RUN", "1")]);
+        let (out, err) = (stdout(&o), stderr(&o));
+        assert_eq!(o.status.code(), Some(0), "DRY_RUN=1 {verb}: {out}{err}");
+        assert!(
+            err.contains("DRY_RUN=1: printing the plan; nothing is stopped, started or prepared"),
+            "{verb}: {err}"
+        );
+        let last = if verb == "down" { "Stop" } else { "Smoke" };
+        assert!(out.contains(last), "DRY_RUN=1 {verb} shows its plan: {out}");
+        // The unreachable worker's checks failed, and were shown, not fatal.
+        if verb != "down" {
+            assert!(err.contains("w"), "{err}");
+        }
+    }
+    // Nothing was created: no cache, no lock, no key.
+    let left: Vec<String> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec!["spark-deploy.toml".to_owned()], "a dry run created files");
+    // --dry-run is the same switch; --json gives the plan and the checks as one document.
+    let o = run(d.path(), &["up", "--dry-run", "--json"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let doc = stdout(&o);
+    let last = doc.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert!(v["dry_run"]["plan"]["steps"].is_array(), "{v}");
+    assert!(v["dry_run"]["preflight"]["results"].is_array(), "{v}");
+    // DRY_RUN=0 is a real run (it fails the unreachable worker's preflight: exit 4).
+    let o = run(d.path(), &["up"], &[("DRY_RUN", "0")]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+}

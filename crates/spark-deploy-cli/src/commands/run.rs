@@ -68,7 +68,7 @@ pub(crate) fn key_agrees(config: &ValidatedConfig) -> Result<(), Failure> {
 pub(crate) struct RunArgs {
     /// Print what would happen (the plan, with what read-only checks detect filled in) and
     /// change nothing. Env: DRY_RUN=1.
-    #[arg(long, env = "DRY_RUN")]
+    #[arg(long, env = "DRY_RUN", value_parser = clap::builder::BoolishValueParser::new())]
     pub dry_run: bool,
 }
 
