@@ -411,7 +411,11 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(left, vec!["spark-deploy.toml".to_owned()], "a dry run created files");
+    assert_eq!(
+        left,
+        vec!["spark-deploy.toml".to_owned()],
+        "a dry run created files"
+    );
     // --dry-run is the same switch; --json gives the plan and the checks as one document.
     let o = run(d.path(), &["up", "--dry-run", "--json"], &[]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

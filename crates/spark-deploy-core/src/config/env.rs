@@ -291,9 +291,13 @@ pub static ENV_OVERRIDES: &[EnvOverride] = &[
         Ok(())
     }),
     ov!("NFS_VOLUME", "storage.nfs_volume", |c, v| {
-        // The recipe's rule: an empty NFS_VOLUME means a local copy on the worker.
+        // The recipe's rules: an empty NFS_VOLUME means a local copy on the worker; an absolute
+        // path is a tree on the worker that Docker bind-mounts (local mode).
         if v.trim().is_empty() {
             c.deployment.worker_storage = WorkerStorage::Copy;
+        } else if v.trim().starts_with('/') {
+            c.deployment.worker_storage = WorkerStorage::Local;
+            c.storage.worker_tree = v.trim().to_owned();
         } else {
             c.deployment.worker_storage = WorkerStorage::Nfs;
             c.storage.nfs_volume = v.trim().to_owned();
@@ -430,6 +434,49 @@ mod tests {
         assert_eq!(c.lifecycle.prepare, PreparePolicy::Never);
         assert_eq!(c.engine.switches["TF_DS_IDX_SPLIT"], "3");
         assert_eq!(c.hub.token.as_ref().unwrap().expose(), "hf_x");
+    }
+
+    #[test]
+    fn nfs_volume_selects_copy_local_tree_or_a_volume_as_in_the_recipe() {
+        let mode = |v: &str| {
+            let mut c = DeploymentConfig::default();
+            apply_env(&mut c, &env(&[("NFS_VOLUME", v)])).unwrap();
+            (
+                c.deployment.worker_storage,
+                c.storage.nfs_volume.clone(),
+                c.storage.worker_tree.clone(),
+            )
+        };
+        let default_volume = DeploymentConfig::default().storage.nfs_volume;
+        assert_eq!(mode("").0, WorkerStorage::Copy);
+        assert_eq!(
+            mode("/srv/hf"),
+            (WorkerStorage::Local, default_volume, "/srv/hf".to_owned())
+        );
+        assert_eq!(
+            mode("dsv41-hf"),
+            (WorkerStorage::Nfs, "dsv41-hf".to_owned(), String::new())
+        );
+        // Validated: local mode names its tree; a path given as a volume name is refused with
+        // the way to local mode.
+        let mut c = DeploymentConfig::default();
+        apply_env(&mut c, &env(&[("NFS_VOLUME", "/srv/hf")])).unwrap();
+        crate::config::validate(c, std::path::Path::new("/home/u")).unwrap();
+        let mut c = DeploymentConfig::default();
+        c.deployment.worker_storage = WorkerStorage::Local;
+        let e = crate::config::validate(c, std::path::Path::new("/home/u"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("storage.worker_tree"), "{e}");
+        let mut c = DeploymentConfig::default();
+        c.storage.nfs_volume = "/srv/hf".into();
+        let e = crate::config::validate(c, std::path::Path::new("/home/u"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("storage.nfs_volume") && e.contains("\"local\""),
+            "{e}"
+        );
     }
 
     /// (value the file gives, environment, expected result).

@@ -110,6 +110,10 @@ pub enum WorkerStorage {
     Nfs,
     /// Exactly the required files copied to the worker's local cache over the fabric.
     Copy,
+    /// A tree already on the worker (`storage.worker_tree`: its own copy of the HF cache, or a
+    /// filesystem it mounts itself) bind-mounted read-only as the worker's HF cache; nothing of
+    /// the checkpoint is copied (the recipe's `NFS_VOLUME=<absolute path>`).
+    Local,
 }
 
 /// Whether the API asks for a key.
@@ -329,6 +333,9 @@ pub struct StorageSection {
     pub head_nfs_server: String,
     /// Exported path as the worker mounts it; empty = the head's HF cache path.
     pub nfs_path: String,
+    /// In `local` mode, the worker's HF cache tree (an absolute path on the worker holding
+    /// `hub/models--…/snapshots/<commit>`), bind-mounted read-only (`NFS_VOLUME=<absolute path>`).
+    pub worker_tree: String,
 }
 
 impl Default for StorageSection {
@@ -337,6 +344,7 @@ impl Default for StorageSection {
             nfs_volume: "spark-deploy-hf".into(),
             head_nfs_server: String::new(),
             nfs_path: String::new(),
+            worker_tree: String::new(),
         }
     }
 }

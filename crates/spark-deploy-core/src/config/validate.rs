@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::ConfigError;
 use super::env::OPAQUE_SWITCHES;
-use super::schema::DeploymentConfig;
+use super::schema::{DeploymentConfig, WorkerStorage};
 use crate::engine::limits::EngineLimits;
 use crate::ports::ssh::options::{check_destination, check_path};
 
@@ -430,6 +430,21 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
             "storage.nfs_volume",
             "\"\"",
             "a Docker volume name (set deployment.worker_storage = \"copy\" for no NFS)",
+        );
+    } else if config.storage.nfs_volume.starts_with('/') {
+        c.refuse(
+            "storage.nfs_volume",
+            &config.storage.nfs_volume,
+            "a Docker volume name; for a tree already on the worker set deployment.worker_storage = \"local\" and storage.worker_tree to that path (NFS_VOLUME=<absolute path> does both)",
+        );
+    }
+    if config.deployment.worker_storage == WorkerStorage::Local
+        && !config.storage.worker_tree.starts_with('/')
+    {
+        c.refuse(
+            "storage.worker_tree",
+            &format!("{:?}", config.storage.worker_tree),
+            "the absolute path of the worker's HF cache tree (holding hub/models--…), required by deployment.worker_storage = \"local\"",
         );
     }
 

@@ -220,6 +220,7 @@ impl PlanDescription {
             worker_storage: match c.deployment.worker_storage {
                 crate::config::WorkerStorage::Nfs => "nfs".into(),
                 crate::config::WorkerStorage::Copy => "copy".into(),
+                crate::config::WorkerStorage::Local => "local".into(),
             },
             secrets: BTreeMap::from([
                 ("hf_token".to_owned(), secret_state(c.hub.token.is_some())),

@@ -28,9 +28,27 @@ pub struct WorkerPlan {
     pub fabric_addr: String,
     /// NFS volume options in `nfs` mode.
     pub nfs_volume: Option<(String, BTreeMap<String, String>)>,
+    /// In `local` mode, the worker's own tree and the checkpoint files it must hold there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_tree: Option<LocalTree>,
     /// Files copied in both modes (and the checkpoint in `copy` mode).
     pub transfers: Vec<Transfer>,
 }
+
+/// `local` mode: the worker's own HF cache tree, bind-mounted read-only as rank's cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LocalTree {
+    /// The tree on the worker (`storage.worker_tree`).
+    pub path: String,
+    /// The checkpoint's snapshot directory inside it.
+    pub snapshot: String,
+    /// Files of the snapshot the follower reads at start, checked present.
+    pub required: Vec<String>,
+}
+
+/// The checkpoint files a follower reads from its HF cache at start (it reads its weights from
+/// its rank file): what `local` mode checks in the worker's tree.
+const FOLLOWER_READS: [&str; 3] = ["config.json", "tokenizer.json", "tokenizer_config.json"];
 
 /// Gives every worker exactly the bytes its rank needs: in `nfs` mode a read-only Docker NFS
 /// volume of the head's cache plus local copies of the Engram tables, kit and rank inputs; in
@@ -66,11 +84,21 @@ impl ConfigureWorkerStorage {
                     ]);
                     (c.storage.nfs_volume.clone(), options)
                 });
+                let local_tree = (c.deployment.worker_storage == WorkerStorage::Local).then(|| {
+                    LocalTree {
+                        path: c.storage.worker_tree.clone(),
+                        snapshot: crate::layout::snapshot_dir(&c.storage.worker_tree, &c.model.id, &facts.model_commit)
+                            .display()
+                            .to_string(),
+                        required: FOLLOWER_READS.iter().map(|f| (*f).to_owned()).collect(),
+                    }
+                });
                 WorkerPlan {
                     node: node.name.clone(),
                     rank: r,
                     fabric_addr: facts.nodes[r].fabric_addr.clone(),
                     nfs_volume,
+                    local_tree,
                     transfers,
                 }
             })
@@ -91,6 +119,16 @@ impl ConfigureWorkerStorage {
                     ActionDetail::Volume { name: name.clone(), driver: "local".into(), options: options.clone() },
                 ));
             }
+            if let Some(t) = &w.local_tree {
+                actions.push(Action::new(
+                    &w.node,
+                    format!(
+                        "check that {} holds {} (bind-mounted read-only as the rank's HF cache; nothing of the checkpoint is copied)",
+                        t.snapshot,
+                        t.required.join(", ")
+                    ),
+                ));
+            }
             actions.push(Action::with(
                 &w.node,
                 "copy missing or differing files, resumable, verified by size and sha256 on arrival",
@@ -100,6 +138,7 @@ impl ConfigureWorkerStorage {
         let mode = match self.mode {
             WorkerStorage::Nfs => "nfs",
             WorkerStorage::Copy => "copy",
+            WorkerStorage::Local => "local",
         };
         (
             format!("give every worker exactly the bytes its rank needs ({mode} mode)"),
@@ -320,6 +359,34 @@ pub(crate) async fn verify_nfs_mounts(ctx: &Context, engine: &dyn Engine) -> Res
     Ok(())
 }
 
+/// `local` mode: the follower's files are in the worker's tree.
+async fn check_local_tree(ctx: &Context, index: usize, tree: &LocalTree) -> Result<(), BoxError> {
+    let exec = ctx.exec(index).await?;
+    let mut missing = Vec::new();
+    for f in &tree.required {
+        let p = PathBuf::from(&tree.snapshot).join(f);
+        if !exec.path_exists(&p).await? {
+            missing.push(f.clone());
+        }
+    }
+    if missing.is_empty() {
+        ctx.log(
+            StepKind::ConfigureWorkerStorage,
+            Some(&ctx.config().config().nodes[index].name),
+            Level::Info,
+            format!("{} holds {}", tree.snapshot, tree.required.join(", ")),
+        );
+        return Ok(());
+    }
+    Err(format!(
+        "the worker's tree {} lacks {} in {}",
+        tree.path,
+        missing.join(", "),
+        tree.snapshot
+    )
+    .into())
+}
+
 impl ConfigureWorkerStorage {
     /// Copies the planned files to every worker (and, in `nfs` mode, creates the NFS volume).
     pub(crate) async fn run(
@@ -342,6 +409,23 @@ impl ConfigureWorkerStorage {
                 nfs(ctx, i, w, name, options)
                     .await
                     .map_err(|e| StepFailure::new(StepKind::ConfigureWorkerStorage, e, None))?;
+            }
+            if let Some(tree) = &w.local_tree {
+                check_local_tree(ctx, i, tree).await.map_err(|e| {
+                    StepFailure::new(
+                        StepKind::ConfigureWorkerStorage,
+                        e,
+                        Some(format!(
+                            "put the checkpoint's snapshot at {} on {} (for example `hf download {} --revision {} --cache-dir {}/hub` there), or set NFS_VOLUME to a volume name (nfs) or empty (copy)",
+                            tree.snapshot,
+                            w.node,
+                            ctx.config().config().model.id,
+                            ctx.facts().model_commit,
+                            tree.path
+                        )),
+                    )
+                    .at(Some(w.node.clone()), Some(i))
+                })?;
             }
             let jobs = engine.worker_jobs(ctx, i).await.map_err(fail)?;
             let stats = ship(ctx, StepKind::ConfigureWorkerStorage, i, &jobs)

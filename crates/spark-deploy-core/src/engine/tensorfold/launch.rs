@@ -173,15 +173,24 @@ fn base_spec(
     }
 }
 
-/// In `nfs` mode a worker reads the head's cache through the Docker NFS volume.
+/// In `nfs` mode a worker reads the head's cache through the Docker NFS volume; in `local` mode
+/// its own tree.
 fn hf_mount(config: &ValidatedConfig, rank: usize, hf_cache: &str) -> Mount {
+    use crate::config::WorkerStorage;
     let c = config.config();
-    if rank > 0 && c.deployment.worker_storage == crate::config::WorkerStorage::Nfs {
+    if rank > 0 && c.deployment.worker_storage == WorkerStorage::Nfs {
         Mount {
             source: c.storage.nfs_volume.clone(),
             target: paths::HF.into(),
             read_only: true,
             volume: true,
+        }
+    } else if rank > 0 && c.deployment.worker_storage == WorkerStorage::Local {
+        Mount {
+            source: c.storage.worker_tree.clone(),
+            target: paths::HF.into(),
+            read_only: true,
+            volume: false,
         }
     } else {
         Mount {

@@ -8,7 +8,9 @@
 //!   building, shipping or imaging anything;
 //! - a flipped data byte in a rank file passes `PREPARE=auto`'s index check and is found and
 //!   rebuilt by `PREPARE=1`, which compares every byte with the checkpoint;
-//! - `PREPARE=0` with the token map gone fails naming it, and starts nothing.
+//! - `PREPARE=0` with the token map gone fails naming it, and starts nothing;
+//! - `NFS_VOLUME=<absolute path>`: local mode serves from the worker's own tree, bind-mounted
+//!   read-only; a tree without the checkpoint is refused naming the worker and the path.
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -209,12 +211,51 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
         "{e}"
     );
     assert!(!any_rank_container()?);
+
+    // NFS_VOLUME=<absolute path>: the worker's own tree (here the one copy mode filled) is the
+    // rank's HF cache, bind-mounted read-only; nothing of the checkpoint is copied.
+    let tree = NodeLayout::of(&auto, &auto.config().nodes[1]).hf_cache;
+    let local = |t: &str| {
+        let mut c = config.clone();
+        c.deployment.worker_storage = spark_deploy_core::config::WorkerStorage::Local;
+        c.storage.worker_tree = t.to_owned();
+        validate(c, home)
+    };
+    let v = local(&tree)?;
+    let (r, ev) = run(&Plan::standard(&v), &v).await;
+    r.map_err(|e| format!("local mode up: {e}"))?;
+    assert!(
+        logged(&ev, "holds config.json, tokenizer.json"),
+        "the tree was checked"
+    );
+    let mounts = std::process::Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{range .Mounts}}{{.Type}}:{{.Source}}:{{.RW}} {{end}}",
+            &spark_deploy_core::container::rank_container_name(&v.config().deployment.name, 1),
+        ])
+        .output()?;
+    let mounts = String::from_utf8_lossy(&mounts.stdout).into_owned();
+    assert!(mounts.contains(&format!("bind:{tree}:false")), "{mounts}");
+    run(&Plan::teardown(&v), &v).await.0?;
+    let v = local("/nonexistent-tree")?;
+    let (r, _) = run(&Plan::standard(&v), &v).await;
+    let e = r.expect_err("a tree without the checkpoint");
+    assert_eq!(e.failure.step, StepKind::ConfigureWorkerStorage, "{e}");
+    assert!(
+        e.to_string().contains("/nonexistent-tree")
+            && e.failure.node.as_deref() == Some("worker-1"),
+        "{e} {:?}",
+        e.failure.node
+    );
+    assert!(!any_rank_container()?);
     drop(hub);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn testbed_prepare_policy_and_dry_run_behave_as_in_the_recipe() {
+async fn testbed_recipe_knobs_prepare_dry_run_fabric_peer_and_local_tree() {
     on_testbed(|info, home| async move {
         let r =
             futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(scenario(&info, &home)))
