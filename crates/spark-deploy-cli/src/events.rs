@@ -188,8 +188,11 @@ impl EventSink for TerminalSink {
             }
             return;
         }
-        if let Some(u) = Update::of(&event) {
-            self.progress(u);
+        let updates = Update::of(&event);
+        if !updates.is_empty() {
+            for u in updates {
+                self.progress(u);
+            }
             return;
         }
         let normal = self.verbosity >= Verbosity::Normal;

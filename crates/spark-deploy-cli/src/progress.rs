@@ -38,9 +38,10 @@ pub(crate) struct Update {
 }
 
 impl Update {
-    /// The figure an event carries. Downloads and copies report the step's running total (with
-    /// the file that moved last); rank files and the image report each item's own bytes.
-    pub(crate) fn of(event: &Event) -> Option<Self> {
+    /// The figures an event carries. Downloads and copies report the step's running total (with
+    /// the file that moved last) and that file's own bytes; rank files and the image report
+    /// each item's own bytes. Not a progress event: empty.
+    pub(crate) fn of(event: &Event) -> Vec<Self> {
         let Event::Progress {
             source,
             node,
@@ -48,10 +49,11 @@ impl Update {
             bytes_done,
             bytes_total,
             rate_bps,
+            file,
             ..
         } = event
         else {
-            return None;
+            return Vec::new();
         };
         let group = match node {
             Some(n) => format!("[{n}] {}", source.title()),
@@ -63,13 +65,24 @@ impl Update {
             },
             _ => Scope::File(label.clone()),
         };
-        Some(Self {
+        let mut out = Vec::with_capacity(2);
+        if let (Scope::Total { .. }, Some(f)) = (&scope, file) {
+            out.push(Self {
+                group: group.clone(),
+                scope: Scope::File(label.clone()),
+                done: f.done,
+                total: Some(f.total),
+                rate: None,
+            });
+        }
+        out.push(Self {
             group,
             scope,
             done: *bytes_done,
             total: *bytes_total,
             rate: *rate_bps,
-        })
+        });
+        out
     }
 }
 
@@ -356,6 +369,61 @@ mod tests {
         );
         p.end_step(&StepKind::BuildRankCache.into());
         assert!(p.rows(t1).is_empty());
+    }
+
+    #[test]
+    fn concurrent_downloads_each_get_a_row_above_the_steps_total() {
+        use spark_deploy_core::event::FileBytes;
+        let t0 = Instant::now();
+        let mut p = Progress::new(Duration::from_secs(10));
+        let ev = |label: &str, done: u64, file: (u64, u64)| Event::Progress {
+            source: StepKind::FetchCheckpoint.into(),
+            node: Some("head".into()),
+            label: label.into(),
+            bytes_done: done,
+            bytes_total: Some(10_000),
+            rate_bps: Some(1000.0),
+            eta_s: None,
+            file: Some(FileBytes {
+                done: file.0,
+                total: file.1,
+            }),
+        };
+        for e in [
+            ev("model-00001.safetensors", 1500, (1000, 4000)),
+            ev("model-00002.safetensors", 2000, (500, 5000)),
+        ] {
+            for u in Update::of(&e) {
+                p.update(u, t0);
+            }
+        }
+        let rows: Vec<(String, String)> =
+            p.rows(t0).into_iter().map(|r| (r.name, r.text)).collect();
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        assert_eq!(rows[0].0, "[head] FetchCheckpoint model-00001.safetensors");
+        assert!(
+            rows[0].1.starts_with("1000.0 B / 3.9 KiB (25%)"),
+            "{rows:?}"
+        );
+        assert_eq!(rows[1].0, "[head] FetchCheckpoint model-00002.safetensors");
+        assert!(rows[1].1.starts_with("500.0 B / 4.9 KiB (10%)"), "{rows:?}");
+        assert_eq!(rows[2].0, "[head] FetchCheckpoint total");
+        assert!(
+            rows[2].1.starts_with("2.0 KiB / 9.8 KiB (20%), 1000.0 B/s"),
+            "{rows:?}"
+        );
+        // The first file lands: its row goes, the other and the total stay.
+        for u in Update::of(&ev("model-00001.safetensors", 5000, (4000, 4000))) {
+            p.update(u, t0);
+        }
+        let names: Vec<String> = p.rows(t0).into_iter().map(|r| r.name).collect();
+        assert_eq!(
+            names,
+            [
+                "[head] FetchCheckpoint model-00002.safetensors",
+                "[head] FetchCheckpoint total"
+            ]
+        );
     }
 
     #[test]

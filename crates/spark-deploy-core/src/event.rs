@@ -132,6 +132,15 @@ pub enum Level {
     Error,
 }
 
+/// One file's own bytes within a step's progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileBytes {
+    /// Bytes of the file done.
+    pub done: u64,
+    /// Its size.
+    pub total: u64,
+}
+
 /// One thing that happened.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -163,6 +172,10 @@ pub enum Event {
         /// Estimated seconds left.
         #[serde(skip_serializing_if = "Option::is_none")]
         eta_s: Option<f64>,
+        /// When the figures above are the step's total (downloads, worker copies): the bytes of
+        /// the file `label` names, done and in all.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        file: Option<FileBytes>,
     },
     /// A log line (engine output, a decision).
     Log {
@@ -280,6 +293,7 @@ impl Event {
                 bytes_total,
                 rate_bps,
                 eta_s,
+                file,
             } => Self::Progress {
                 source,
                 node,
@@ -288,6 +302,7 @@ impl Event {
                 bytes_total,
                 rate_bps,
                 eta_s,
+                file,
             },
             e @ Self::Finished { .. } => e,
         }

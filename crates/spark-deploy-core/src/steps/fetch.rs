@@ -8,7 +8,7 @@ use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
 use crate::engine::Engine;
 use crate::event::StepKind;
-use crate::event::{Event, Level};
+use crate::event::{Event, FileBytes, Level};
 use crate::hub::{FetchEvent, FetchProgress, HfToken, Hub, HubConfig};
 use crate::layout::hub_dir;
 
@@ -159,7 +159,7 @@ impl FetchCheckpoint {
 struct ProgressEvents<'a> {
     ctx: &'a Context,
     node: String,
-    last: Mutex<std::time::Instant>,
+    last: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 impl FetchProgress for ProgressEvents<'_> {
@@ -174,15 +174,24 @@ impl FetchProgress for ProgressEvents<'_> {
                 file_done,
                 file_total,
             } => {
+                // At most every 200 ms per file (concurrent files each get their figures), and
+                // always the last bytes of a file.
                 let mut last = self
                     .last
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if last.elapsed() < std::time::Duration::from_millis(200) && file_done < file_total
-                {
-                    return;
+                let now = std::time::Instant::now();
+                if file_done < file_total {
+                    if last.get(file).is_some_and(|t| {
+                        now.duration_since(*t) < std::time::Duration::from_millis(200)
+                    }) {
+                        return;
+                    }
+                    last.insert(file.clone(), now);
+                } else {
+                    last.remove(file);
                 }
-                *last = std::time::Instant::now();
+                drop(last);
                 self.ctx.emit(Event::Progress {
                     source: StepKind::FetchCheckpoint.into(),
                     node: Some(self.node.clone()),
@@ -191,6 +200,10 @@ impl FetchProgress for ProgressEvents<'_> {
                     bytes_total: Some(*total),
                     rate_bps: Some(*rate_bps),
                     eta_s: eta.map(|d| d.as_secs_f64()),
+                    file: Some(FileBytes {
+                        done: *file_done,
+                        total: *file_total,
+                    }),
                 });
             }
             FetchEvent::Retrying { .. } => self.ctx.log(
@@ -294,7 +307,7 @@ impl FetchCheckpoint {
         let progress = ProgressEvents {
             ctx,
             node: self.node.clone(),
-            last: Mutex::new(std::time::Instant::now()),
+            last: Mutex::new(std::collections::HashMap::new()),
         };
         let mut transferred = 0;
         let mut summaries = Vec::new();

@@ -319,6 +319,7 @@ impl BuildImage {
                 bytes_total: None,
                 rate_bps: None,
                 eta_s: None,
+                file: None,
             });
             Ok::<_, std::io::Error>(chunk)
         });

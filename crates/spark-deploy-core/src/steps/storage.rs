@@ -10,6 +10,7 @@ use crate::config::{ValidatedConfig, WorkerStorage};
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail, Transfer};
 use crate::engine::Engine;
+use crate::event::FileBytes;
 use crate::event::StepKind;
 use crate::event::{Event, Level};
 use crate::facts::DeploymentFacts;
@@ -176,15 +177,22 @@ pub(crate) async fn ship(
     let server = FileServer::start(SocketAddr::new(head_addr, 0)).await?;
     let manifest = PathBuf::from(&c.nodes[index].data_dir).join(".spark-deploy-received.tsv");
     let hashes = PathBuf::from(&c.deployment.state_dir).join("transfer-hashes.tsv");
-    let progress = |done: u64, total: u64, file: &str| {
+    let progress = |p: &pull::TransferProgress<'_>| {
         ctx.emit(Event::Progress {
             source: step.into(),
             node: Some(node.clone()),
-            label: file.rsplit('/').next().unwrap_or(file).to_owned(),
-            bytes_done: done,
-            bytes_total: Some(total),
+            label: p.file.file_name().map_or_else(
+                || p.file.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            bytes_done: p.done,
+            bytes_total: Some(p.total),
             rate_bps: None,
             eta_s: None,
+            file: Some(FileBytes {
+                done: p.file_done,
+                total: p.file_total,
+            }),
         });
     };
     let transfer = pull::transfer(exec, &server, jobs, &manifest, &hashes, 4, &progress);

@@ -125,7 +125,11 @@ mod tests {
         let manifest = dst.join(".spark-deploy-received.tsv");
         let cache = d.path().join("state/hashes.tsv");
         let seen = std::sync::Mutex::new(Vec::new());
-        let progress = |done: u64, total: u64, _f: &str| seen.lock().unwrap().push((done, total));
+        let progress = |p: &pull::TransferProgress<'_>| {
+            if p.file_done == p.file_total {
+                seen.lock().unwrap().push((p.done, p.total));
+            }
+        };
         let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
             .await
             .unwrap();
@@ -182,7 +186,7 @@ mod tests {
         let exec = Exec::local("worker-test");
         let manifest = d.path().join("data/.spark-deploy-received.tsv");
         let cache = d.path().join("state/hashes.tsv");
-        let none = |_: u64, _: u64, _: &str| {};
+        let none = |_: &pull::TransferProgress<'_>| {};
         // One stream: a.bin and b.bin land before c.bin fails.
         let err = pull::transfer(&exec, &server, &broken, &manifest, &cache, 1, &none)
             .await

@@ -109,11 +109,31 @@ fn save_cache(path: &Path, cache: &HashMap<String, String>) {
     }
 }
 
+/// Where a transfer stands: the bytes of the files to send (done and in all), and the file that
+/// moved with its own bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct TransferProgress<'a> {
+    /// Bytes of every file to send that arrived (files that landed, and the parts of those in
+    /// flight that the head has sent).
+    pub done: u64,
+    /// Bytes of every file to send.
+    pub total: u64,
+    /// The file that moved (its destination).
+    pub file: &'a Path,
+    /// That file's bytes on their way or landed (a resumed pull starts at its partial's size).
+    pub file_done: u64,
+    /// Its size.
+    pub file_total: u64,
+}
+
+/// How often files in flight are reported.
+const IN_FLIGHT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Moves `jobs` to the worker behind `exec`, pulling from `server` with `streams` parallel pulls.
 /// `manifest` (on the worker) records verified files as `path\tsize\tmtime\tsha256` (each pull
 /// appends its line as its file lands; the end of the transfer rewrites it compacted); `hash_cache`
-/// (on the head) remembers source hashes. `progress(done_bytes, total_bytes, file)` is called as
-/// files complete.
+/// (on the head) remembers source hashes. `progress` is called as each file lands, and every
+/// half second for each file in flight.
 ///
 /// # Errors
 ///
@@ -125,7 +145,7 @@ pub async fn transfer(
     manifest: &Path,
     hash_cache: &Path,
     streams: usize,
-    progress: &(dyn Fn(u64, u64, &str) + Send + Sync),
+    progress: &(dyn Fn(&TransferProgress<'_>) + Send + Sync),
 ) -> Result<TransferStats, TransferError> {
     let node = exec.node().to_owned();
     let pull_err = |file: &Path, detail: String| TransferError::Pull {
@@ -223,7 +243,37 @@ pub async fn transfer(
     }))
     .buffer_unordered(streams.max(1));
     let mut done = 0u64;
-    while let Some((j, sha, out)) = results.next().await {
+    let by_source: HashMap<&Path, &FileJob> =
+        todo.iter().map(|(j, _)| (j.from.as_path(), *j)).collect();
+    let mut landed: std::collections::HashSet<&Path> = std::collections::HashSet::new();
+    let mut tick = tokio::time::interval(IN_FLIGHT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let next = tokio::select! {
+            n = results.next() => n,
+            _ = tick.tick() => {
+                let moving: Vec<(&FileJob, u64)> = server
+                    .positions()
+                    .into_iter()
+                    .filter_map(|(from, at)| {
+                        let j = *by_source.get(from.as_path())?;
+                        (!landed.contains(j.from.as_path())).then_some((j, at.min(j.size)))
+                    })
+                    .collect();
+                let in_flight: u64 = moving.iter().map(|(_, at)| at).sum();
+                for (j, at) in moving {
+                    progress(&TransferProgress {
+                        done: done + in_flight,
+                        total,
+                        file: &j.to,
+                        file_done: at,
+                        file_total: j.size,
+                    });
+                }
+                continue;
+            }
+        };
+        let Some((j, sha, out)) = next else { break };
         let out = out.map_err(|e| pull_err(&j.to, e.to_string()))?;
         if !out.status.success() {
             return Err(pull_err(
@@ -242,7 +292,14 @@ pub async fn transfer(
         done += j.size;
         stats.sent += 1;
         stats.bytes_sent += j.size;
-        progress(done, total, &j.to.display().to_string());
+        landed.insert(j.from.as_path());
+        progress(&TransferProgress {
+            done,
+            total,
+            file: &j.to,
+            file_done: j.size,
+            file_total: j.size,
+        });
     }
     drop(results);
     let mut text: Vec<String> = recorded

@@ -17,6 +17,7 @@ use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tower::ServiceExt as _;
 use tower_http::services::ServeFile;
@@ -27,6 +28,8 @@ use crate::secret::Secret;
 struct Shared {
     token: Secret,
     files: std::sync::RwLock<HashMap<String, PathBuf>>,
+    /// Per served file: the offset its last response started at, and the bytes sent since.
+    sent: std::sync::Mutex<HashMap<PathBuf, (u64, Arc<std::sync::atomic::AtomicU64>)>>,
 }
 
 /// A running file server; stops when dropped.
@@ -62,6 +65,7 @@ impl FileServer {
         let shared = Arc::new(Shared {
             token: token.clone(),
             files: std::sync::RwLock::new(HashMap::new()),
+            sent: std::sync::Mutex::new(HashMap::new()),
         });
         let app = axum::Router::new()
             .route("/f/{id}", axum::routing::get(serve))
@@ -103,6 +107,25 @@ impl FileServer {
     #[must_use]
     pub fn token(&self) -> &Secret {
         &self.token
+    }
+
+    /// How far each file served so far has gone: the offset of its last response (a resumed
+    /// pull starts past 0) plus the bytes sent since — the receiver's position, within its socket
+    /// buffers.
+    #[must_use]
+    pub fn positions(&self) -> Vec<(PathBuf, u64)> {
+        self.shared
+            .sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(p, (start, n))| {
+                (
+                    p.clone(),
+                    start + n.load(std::sync::atomic::Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     /// Adds `path` to the allow-list; returns its URL.
@@ -160,10 +183,35 @@ async fn serve(
     let Some(path) = s.files.read().ok().and_then(|f| f.get(&id).cloned()) else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    match ServeFile::new(path).oneshot(req).await {
-        Ok(r) => r.map(Body::new).into_response(),
+    match ServeFile::new(path.clone()).oneshot(req).await {
+        Ok(r) => {
+            let (parts, body) = r.into_parts();
+            let start = range_start(&parts.headers);
+            let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            s.sent
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(path, (start, Arc::clone(&n)));
+            let counted = Body::new(body).into_data_stream().inspect(move |chunk| {
+                if let Ok(c) = chunk {
+                    n.fetch_add(c.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+            Response::from_parts(parts, Body::from_stream(counted))
+        }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
+}
+
+/// The first byte a response serves: `Content-Range: bytes <start>-<end>/<size>`, else 0.
+fn range_start(headers: &axum::http::HeaderMap) -> u64 {
+    headers
+        .get(header::CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes "))
+        .and_then(|v| v.split('-').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The listener of a [`FileServer`]: its connections reset once `stopped` is `true`.
@@ -249,5 +297,35 @@ impl AsyncWrite for StoppableStream {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         self.check(cx)?;
         Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn positions_count_from_the_served_range_start() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("blob.bin");
+        std::fs::write(&path, vec![7u8; 2_000_000]).unwrap();
+        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let url = server.allow(path.clone());
+        assert!(server.positions().is_empty(), "nothing served yet");
+        let body = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(server.token().expose())
+            .header("Range", "bytes=500000-")
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(body.len(), 1_500_000);
+        // A resumed pull's position counts from where it resumed.
+        assert_eq!(server.positions(), vec![(path, 2_000_000)]);
     }
 }

@@ -130,7 +130,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         &dest.join(".manifest.tsv"),
         &info.state_dir.join("hashes.tsv"),
         streams,
-        &|_, _, _| {},
+        &|_| {},
     )
     .await?;
     sync_fs();
@@ -143,7 +143,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         &dest.join(".manifest.tsv"),
         &info.state_dir.join("hashes.tsv"),
         4,
-        &|_, _, _| {},
+        &|_| {},
     )
     .await?;
     let rerun = t.elapsed().as_secs_f64();
@@ -221,17 +221,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         mdest.join(".manifest.tsv"),
         info.state_dir.join("hashes.tsv"),
     );
-    let go = || {
-        pull::transfer(
-            &exec,
-            &server,
-            &mjobs,
-            &mmanifest,
-            &mhashes,
-            4,
-            &|_, _, _| {},
-        )
-    };
+    let go = || pull::transfer(&exec, &server, &mjobs, &mmanifest, &mhashes, 4, &|_| {});
     go().await?;
     let t = Instant::now();
     let again39 = go().await?;

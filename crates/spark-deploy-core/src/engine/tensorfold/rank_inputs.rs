@@ -307,6 +307,7 @@ impl RankInputs {
                             bytes_total: Some(p.bytes_total),
                             rate_bps: None,
                             eta_s: None,
+                            file: None,
                         });
                         Ok(())
                     };
