@@ -85,6 +85,14 @@ enum Command {
     /// Prepare the current config while the pair serves (preflight, inputs, storage, image), then
     /// stop both ranks and start both; a failure before the stop leaves the pair serving.
     Restart(commands::run::RunArgs),
+    /// Prepare this config (`--config NEW`) beside the serving generation while it serves, switch
+    /// to it, check it (smoke, validate, a short bench against the old figures) and keep it — or
+    /// start the old generation again.
+    Upgrade,
+    /// Stop the serving generation and start the one that served before it.
+    Rollback,
+    /// Every generation: fingerprint, when it served, its figures, why one was refused.
+    History,
     /// Print the deployment's API key (generated on the first `up`).
     ApiKey,
     /// Check what the deployment serves through its API (text, thinking, tools, JSON schema,
@@ -188,6 +196,9 @@ fn main() -> ExitCode {
             commands::run::run_with(&global, commands::run::Which::Restart, &args)
         }
         Command::ApiKey => commands::api_key(&global),
+        Command::Upgrade => commands::upgrade::run_upgrade(&global),
+        Command::Rollback => commands::upgrade::run_rollback(&global),
+        Command::History => commands::upgrade::run_history(&global),
         Command::Validate(args) => commands::validate::run(&global, &args),
         Command::Bench(args) => commands::bench::run(&global, &args),
         #[cfg(feature = "testbed")]

@@ -20,7 +20,7 @@
 //!    files (`lifecycle::{lock, api_key, logs}`), the serving API's client ([`api`]),
 //!    a small PNG canvas ([`raster`]).
 //! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
-//!    (plan descriptions), `lifecycle::launch_record`.
+//!    (plan descriptions), `lifecycle::launch_record`, `lifecycle::generations`.
 //! 3. [`context`] — what a running step may touch: config, ports per node, facts, events,
 //!    cancellation.
 //! 4. [`engine`] — the [`engine::Engine`] trait, its implementations and the registry.
@@ -29,7 +29,8 @@
 //!    `LeaderWorkerSet` or per-node compose files.
 //! 7. [`run`] — running a plan: both ranks or neither, the run report.
 //! 8. [`lifecycle`] (status and what acts on running deployments), [`validate`] and [`bench`]
-//!    (what is served, and how fast, through the API).
+//!    (what is served, and how fast, through the API), [`upgrade`] (a new generation beside the
+//!    serving one, accepted or rolled back).
 //! 9. [`error`] — the crate-level error.
 
 #![warn(missing_docs)]
@@ -61,6 +62,7 @@ pub mod safetensors_header;
 pub mod secret;
 pub mod steps;
 pub mod transfer;
+pub mod upgrade;
 pub mod validate;
 
 pub use error::Error;

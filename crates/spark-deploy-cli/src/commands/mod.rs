@@ -12,6 +12,7 @@ pub(crate) mod rank_cache;
 pub(crate) mod run;
 #[cfg(feature = "testbed")]
 pub(crate) mod testbed;
+pub(crate) mod upgrade;
 pub(crate) mod validate;
 
 use std::path::{Path, PathBuf};

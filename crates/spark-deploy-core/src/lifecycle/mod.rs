@@ -2,6 +2,7 @@
 //! rotation, reading the running ranks' logs, the API key file, the record of the last launch.
 
 pub mod api_key;
+pub mod generations;
 pub mod launch_record;
 pub mod lock;
 pub mod log_stream;

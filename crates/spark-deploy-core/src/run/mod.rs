@@ -17,8 +17,10 @@ use serde::Serialize;
 
 pub use crate::context::{Context, Outcome, StepFailure, node_target};
 pub use dry_run::DryRun;
+pub use generation::generation_tag;
 
 mod dry_run;
+mod generation;
 
 use crate::engine::Engine;
 use crate::event::Event;
@@ -223,6 +225,17 @@ impl Plan {
                     return Err(RunError { report, failure });
                 }
             }
+        }
+        if report
+            .steps
+            .iter()
+            .any(|s| s.step == StepKind::Smoke && s.status == StepStatus::Ran)
+            && report
+                .steps
+                .iter()
+                .any(|s| s.step == StepKind::LaunchRank && s.status == StepStatus::Ran)
+        {
+            generation::record_serving(ctx).await;
         }
         Ok(report)
     }

@@ -1,0 +1,318 @@
+//! `upgrade`, `rollback` and `history` on the testbed, one case after another on one deployment,
+//! while a client polls the API throughout (one one-token answer every 50 ms):
+//!
+//! - a new generation whose engine fails at start → rolled back, generation 1 serves again;
+//! - a new generation whose answers fail `validate` (the stand-in's `wrong_answer` fault) →
+//!   rolled back;
+//! - a new generation 20 % slower (the stand-in's decode rate) → rolled back;
+//! - Ctrl-C during the preparation → nothing stopped (no gap in the answers);
+//! - Ctrl-C during the switch → the old generation serves again;
+//! - a good generation → accepted, the old one superseded;
+//! - `rollback` → the old generation serves again.
+//!
+//! For each switch the downtime is the longest gap between two good answers, printed; it must
+//! stay within the stand-in's load time + 10 s.
+
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use spark_deploy_core::config::{DeploymentConfig, ValidatedConfig, validate};
+use spark_deploy_core::event::{Event, EventSink, Recorder, Source, StepKind};
+use spark_deploy_core::lifecycle::generations::GenerationState;
+use spark_deploy_core::plan::Plan;
+use spark_deploy_core::run::Context;
+use spark_deploy_core::upgrade::{self, Options, UpgradeError};
+
+use common::testbed::{R, any_rank_container, on_testbed};
+
+/// The stand-in ten times faster than its defaults, so benches take seconds.
+fn with_env(config: &DeploymentConfig, extra: &[(&str, &str)], home: &Path) -> R<ValidatedConfig> {
+    let mut c = config.clone();
+    c.engine
+        .env
+        .insert("TF_STANDIN_TIME_SCALE".into(), "10".into());
+    for (k, v) in extra {
+        c.engine.env.insert((*k).into(), (*v).into());
+    }
+    Ok(validate(c, home)?)
+}
+
+/// Answers the client saw: (when, good).
+struct Poller {
+    seen: Arc<Mutex<Vec<(Instant, bool)>>>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Poller {
+    fn start(v: &ValidatedConfig) -> R<Self> {
+        let key = spark_deploy_core::lifecycle::api_key::read(Path::new(
+            &v.config().serving.api_key_file,
+        ))?;
+        let url = format!(
+            "http://127.0.0.1:{}/v1/chat/completions",
+            v.config().serving.port
+        );
+        let model = v.config().model.served_name.clone();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s2, stop2) = (Arc::clone(&seen), Arc::clone(&stop));
+        let task = tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()
+                .unwrap();
+            while !stop2.load(Ordering::SeqCst) {
+                let ok = client
+                    .post(&url)
+                    .bearer_auth(key.expose())
+                    .json(&serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Say OK."}]}))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                s2.lock().unwrap().push((Instant::now(), ok));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Ok(Self { seen, stop, task })
+    }
+
+    /// The longest gap between two good answers within [from, to], seconds; and whether the last
+    /// answer by `to` was good.
+    fn gap(&self, from: Instant, to: Instant) -> (f64, bool) {
+        let seen = self.seen.lock().unwrap();
+        let good: Vec<Instant> = seen
+            .iter()
+            .filter(|(t, ok)| *ok && *t >= from && *t <= to)
+            .map(|(t, _)| *t)
+            .collect();
+        let gap = good
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+            .fold(0.0, f64::max);
+        let last_good = seen
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= to)
+            .is_some_and(|(_, ok)| *ok);
+        (gap, last_good)
+    }
+
+    async fn end(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.task.await;
+    }
+}
+
+/// A sink that records and, on the first event `trigger` accepts, cancels the context.
+struct CancelOn {
+    rec: Recorder,
+    ctx: OnceLock<Arc<Context>>,
+    trigger: fn(&Event) -> bool,
+}
+
+impl EventSink for CancelOn {
+    fn emit(&self, event: Event) {
+        if (self.trigger)(&event)
+            && let Some(c) = self.ctx.get()
+        {
+            c.cancel();
+        }
+        self.rec.emit(event);
+    }
+}
+
+async fn upgrade_to(
+    v: &ValidatedConfig,
+    cancel_on: Option<fn(&Event) -> bool>,
+) -> Result<upgrade::Upgraded, UpgradeError> {
+    let sink = Arc::new(CancelOn {
+        rec: Recorder::default(),
+        ctx: OnceLock::new(),
+        trigger: cancel_on.unwrap_or(|_| false),
+    });
+    let ctx = Arc::new(Context::new(v.clone(), sink.clone()));
+    let _ = sink.ctx.set(Arc::clone(&ctx));
+    upgrade::upgrade(&ctx, &Options::default()).await
+}
+
+fn serving(v: &ValidatedConfig) -> u32 {
+    upgrade::history(v).unwrap().serving().map_or(0, |g| g.id)
+}
+
+/// Load time allowed for the stand-in plus the bound of the issue: 10 s.
+const DOWNTIME_BOUND_S: f64 = 15.0;
+
+async fn scenario(info: &spark_deploy_testbed::cluster::TestbedInfo, home: &Path) -> R<()> {
+    let (hub, config) = spark_deploy_testbed::demo::prepare(info, home).await?;
+    let v1 = with_env(&config, &[], home)?;
+    Plan::standard(&v1)
+        .run(&Context::new(v1.clone(), Arc::new(Recorder::default())))
+        .await
+        .map_err(|e| format!("up: {e}"))?;
+    assert_eq!(serving(&v1), 1, "the first up records generation 1");
+    let poller = Poller::start(&v1)?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let refused = [
+        (
+            "fails at start",
+            with_env(&config, &[("TF_DS_ROUND_ROWS", "7")], home)?,
+            "failed",
+        ),
+        (
+            "fails validate",
+            with_env(&config, &[("TF_STANDIN_FAULT", "wrong_answer")], home)?,
+            "validate failed",
+        ),
+        (
+            "20 % slower",
+            with_env(&config, &[("TF_STANDIN_DECODE_TPS", "40")], home)?,
+            "below the baseline",
+        ),
+    ];
+    for (case, v, why_has) in &refused {
+        let t = Instant::now();
+        let e = upgrade_to(v, None).await.expect_err(case);
+        let (gap, good) = poller.gap(t, Instant::now());
+        eprintln!(
+            "{case}: {e} — downtime {gap:.2} s, wall {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        match &e {
+            UpgradeError::RolledBack { why, restored } => {
+                assert!(why.contains(why_has), "{case}: {why}");
+                assert_eq!(*restored, 1, "{case}");
+            }
+            other => panic!("{case}: expected a rollback, got {other}"),
+        }
+        assert!(good, "{case}: generation 1 answers again");
+        assert!(gap <= DOWNTIME_BOUND_S, "{case}: downtime {gap:.1} s");
+        assert_eq!(serving(&v1), 1, "{case}");
+    }
+    let h = upgrade::history(&v1)?;
+    assert_eq!(
+        h.generations
+            .iter()
+            .filter(|g| g.state == GenerationState::Rejected)
+            .count(),
+        3,
+        "{h:?}"
+    );
+    assert!(
+        h.generations[0].figures.is_some(),
+        "the baseline was measured and kept"
+    );
+
+    let good_cfg = {
+        let mut c = config.clone();
+        c.serving.max_tokens = 16_384;
+        with_env(&c, &[], home)?
+    };
+    // Ctrl-C during the preparation (at Preflight's start): nothing stopped, no gap.
+    let t = Instant::now();
+    let e = upgrade_to(
+        &good_cfg,
+        Some(|e| {
+            matches!(
+                e,
+                Event::Started {
+                    source: Source::Step(StepKind::Preflight),
+                    ..
+                }
+            )
+        }),
+    )
+    .await
+    .expect_err("interrupted");
+    let (gap, good) = poller.gap(t, Instant::now());
+    eprintln!("Ctrl-C while preparing: {e} — longest gap {gap:.2} s");
+    assert!(matches!(e, UpgradeError::NotPrepared { .. }), "{e}");
+    assert!(good && gap < 1.0, "nothing was stopped: gap {gap:.2} s");
+    assert_eq!(serving(&v1), 1);
+
+    // Ctrl-C during the switch (when the old ranks are being stopped): the old one serves again.
+    let t = Instant::now();
+    let e = upgrade_to(
+        &good_cfg,
+        Some(|e| {
+            matches!(
+                e,
+                Event::Started {
+                    source: Source::Step(StepKind::Stop),
+                    ..
+                }
+            )
+        }),
+    )
+    .await
+    .expect_err("interrupted");
+    let (gap, good) = poller.gap(t, Instant::now());
+    eprintln!("Ctrl-C during the switch: {e} — downtime {gap:.2} s");
+    assert!(
+        matches!(e, UpgradeError::RolledBack { restored: 1, .. }),
+        "{e}"
+    );
+    assert!(good && gap <= DOWNTIME_BOUND_S, "gap {gap:.2} s");
+
+    // A good generation is accepted.
+    let t = Instant::now();
+    let u = upgrade_to(&good_cfg, None)
+        .await
+        .map_err(|e| format!("{e} — {}", e.remedy()))?;
+    let (gap, good) = poller.gap(t, Instant::now());
+    eprintln!(
+        "accepted: generation {} ({:.1} tok/s, baseline {:.1}) — downtime {gap:.2} s, switch {:.1} s",
+        u.generation, u.figures.decode_tps, u.baseline.decode_tps, u.switch_s
+    );
+    assert!(good && gap <= DOWNTIME_BOUND_S, "gap {gap:.2} s");
+    assert_eq!(serving(&v1), u.generation);
+    assert_eq!(u.previous, 1);
+    let h = upgrade::history(&v1)?;
+    assert_eq!(h.generations[0].state, GenerationState::Superseded);
+
+    // Rollback by hand.
+    let t = Instant::now();
+    let ctx = Context::new(good_cfg.clone(), Arc::new(Recorder::default()));
+    let back = upgrade::rollback(&ctx)
+        .await
+        .map_err(|e| format!("{e} — {}", e.remedy()))?;
+    let (gap, good) = poller.gap(t, Instant::now());
+    eprintln!("rollback: generation {back} serves again — downtime {gap:.2} s");
+    assert_eq!(back, 1);
+    assert!(good && gap <= DOWNTIME_BOUND_S, "gap {gap:.2} s");
+    assert_eq!(serving(&v1), 1);
+
+    poller.end().await;
+    Plan::teardown(&v1)
+        .run(&Context::new(v1.clone(), Arc::new(Recorder::default())))
+        .await?;
+    drop(hub);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_upgrade_rolls_back_every_refused_generation_and_accepts_a_good_one() {
+    on_testbed(|info, home| async move {
+        let r =
+            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(scenario(&info, &home)))
+                .await;
+        if any_rank_container().unwrap_or(false) {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f", "sd-testbed-rank0", "sd-testbed-rank1"])
+                .output();
+        }
+        match r {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+    .await;
+}
