@@ -328,8 +328,16 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
     );
     let t = Instant::now();
     let run = Plan::restart(&new).run(ctx).await;
+    // The old pair was touched once Stop began (a Stop cancelled before it started touched
+    // nothing).
     let switched_at = run.as_ref().map_or_else(
-        |e| e.report.steps.iter().any(|s| s.step == StepKind::Stop),
+        |e| {
+            e.report.steps.iter().any(|s| {
+                s.step == StepKind::Stop
+                    && !(s.status == crate::run::StepStatus::Failed
+                        && s.detail.as_deref() == Some("cancelled before the step started"))
+            })
+        },
         |_| true,
     );
     let outcome = match run {
