@@ -101,7 +101,7 @@ pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxErr
     );
     let prefix = format!("rank{i}of{world}-");
     let rank_dir = Path::new(&head.inputs_dir).join("rank-cache");
-    let rank_file = std::fs::read_dir(&rank_dir)
+    let rank_file = fs_err::read_dir(&rank_dir)
         .map_err(|e| Box::new(e) as BoxError)?
         .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
