@@ -169,13 +169,13 @@ impl RankInputs {
         };
         let c = ctx.config().config();
         let facts = ctx.facts();
-        if !crate::facts::is_commit(&facts.model_commit) {
+        let Some(model_commit) = facts.model_commit.known() else {
             return Err(fail(
                 "the checkpoint's commit is unknown".into(),
                 "run FetchCheckpoint first (`spark-deploy up` runs it)",
             ));
-        }
-        let model_dir = snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
+        };
+        let model_dir = snapshot_dir(&c.hub.cache, &c.model.id, model_commit);
         let commit_of = |repo: &str, rev: &str| {
             facts
                 .commits
