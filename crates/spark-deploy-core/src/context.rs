@@ -199,6 +199,19 @@ impl Context {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = policy;
     }
 
+    /// This context with node `index`'s Docker port bound to `docker`, already connected,
+    /// instead of connecting to what [`node_target`] says on first use: a daemon reached
+    /// another way (a socket proxy, a socket at another path).
+    ///
+    /// # Panics
+    ///
+    /// When `index` is not a node of the config.
+    #[must_use]
+    pub fn with_docker(mut self, index: usize, docker: DockerNode) -> Self {
+        self.nodes[index].docker = OnceCell::new_with(Some(docker));
+        self
+    }
+
     /// The index of the node named `name` (the head's, 0, for an unknown name).
     #[must_use]
     pub fn node_index(&self, name: &str) -> usize {

@@ -45,11 +45,11 @@ pub fn ablit_tree(root: &Path, seed: u64) -> Result<(), BoxError> {
         return Ok(());
     }
     let scratch = root.join(".gen-ablit");
-    let _ = std::fs::remove_dir_all(&scratch);
+    let _ = fs_err::remove_dir_all(&scratch);
     generate_overlay(&CheckpointSpec::small(seed), &scratch)?;
-    std::fs::create_dir_all(to.parent().ok_or("repo path")?)?;
-    let _ = std::fs::remove_dir_all(&to);
-    std::fs::rename(&scratch, &to)?;
+    fs_err::create_dir_all(to.parent().ok_or("repo path")?)?;
+    let _ = fs_err::remove_dir_all(&to);
+    fs_err::rename(&scratch, &to)?;
     Ok(())
 }
 
@@ -65,18 +65,18 @@ pub fn hub_tree_of(root: &Path, spec: &CheckpointSpec) -> Result<(), BoxError> {
         return Ok(());
     }
     let scratch = root.join(".gen");
-    let _ = std::fs::remove_dir_all(&scratch);
+    let _ = fs_err::remove_dir_all(&scratch);
     let g = generate(spec, &scratch)?;
     for (dir, repo) in [(&g.model_dir, MODEL), (&g.original_dir, ORIGINAL)] {
         let to = root.join(repo);
-        std::fs::create_dir_all(to.parent().ok_or("repo path")?)?;
-        let _ = std::fs::remove_dir_all(&to);
-        std::fs::rename(dir, &to)?;
+        fs_err::create_dir_all(to.parent().ok_or("repo path")?)?;
+        let _ = fs_err::remove_dir_all(&to);
+        fs_err::rename(dir, &to)?;
     }
-    std::fs::create_dir_all(root.join(KIT))?;
-    let _ = std::fs::remove_dir_all(root.join(KIT).join("kit"));
-    std::fs::rename(&g.kit_dir, root.join(KIT).join("kit"))?;
-    std::fs::remove_dir_all(&scratch)?;
+    fs_err::create_dir_all(root.join(KIT))?;
+    let _ = fs_err::remove_dir_all(root.join(KIT).join("kit"));
+    fs_err::rename(&g.kit_dir, root.join(KIT).join("kit"))?;
+    fs_err::remove_dir_all(&scratch)?;
     Ok(())
 }
 

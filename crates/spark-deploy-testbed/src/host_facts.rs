@@ -118,25 +118,25 @@ pub struct Rail<'a> {
 ///
 /// File-system errors.
 pub fn write_tree(root: &Path, addr: Ipv4Addr, rails: &[Rail<'_>]) -> std::io::Result<()> {
-    match std::fs::remove_dir_all(root) {
+    match fs_err::remove_dir_all(root) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
     let w = |p: &str, c: &str| -> std::io::Result<()> {
         let f = root.join(p);
         if let Some(dir) = f.parent() {
-            std::fs::create_dir_all(dir)?;
+            fs_err::create_dir_all(dir)?;
         }
-        std::fs::write(f, format!("{c}\n"))
+        fs_err::write(f, format!("{c}\n"))
     };
     let fe80 = "fe80:0000:0000:0000:0000:0000:0000:0001".to_owned();
     let zero = "0000:0000:0000:0000:0000:0000:0000:0000".to_owned();
     for r in rails {
         let net = root.join("class/net").join(r.netdev);
-        std::fs::create_dir_all(net.join("device/infiniband").join(r.hca))?;
+        fs_err::create_dir_all(net.join("device/infiniband").join(r.hca))?;
         let mtu = net.join("mtu");
-        if std::fs::symlink_metadata(&mtu).is_err() {
-            std::os::unix::fs::symlink(format!("/sys/class/net/{}/mtu", r.netdev), &mtu)?;
+        if fs_err::symlink_metadata(&mtu).is_err() {
+            fs_err::os::unix::fs::symlink(format!("/sys/class/net/{}/mtu", r.netdev), &mtu)?;
         }
         let base = format!("class/infiniband/{}/ports/1", r.hca);
         w(&format!("{base}/state"), r.state)?;
@@ -170,13 +170,13 @@ async fn fabric_netdev(exec: &Exec, node: &str, peer: Ipv4Addr) -> Result<String
 /// Writes node `index`'s facts: its `nvidia-smi` and GPU outputs, and a sysfs tree with one
 /// ACTIVE rail on its fabric netdev.
 fn write_node(dir: &Path, addr: Ipv4Addr, netdev: &str) -> Result<(), BoxError> {
-    std::fs::create_dir_all(dir.join("bin"))?;
-    std::fs::write(dir.join(CLOCK_FILE), SMI_CLOCK)?;
-    std::fs::write(dir.join(NAMES_FILE), gpu_names())?;
-    std::fs::write(dir.join(APPS_FILE), "")?;
+    fs_err::create_dir_all(dir.join("bin"))?;
+    fs_err::write(dir.join(CLOCK_FILE), SMI_CLOCK)?;
+    fs_err::write(dir.join(NAMES_FILE), gpu_names())?;
+    fs_err::write(dir.join(APPS_FILE), "")?;
     let smi = dir.join("bin/nvidia-smi");
-    std::fs::write(&smi, smi_script(dir))?;
-    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755))?;
+    fs_err::write(&smi, smi_script(dir))?;
+    fs_err::set_permissions(&smi, std::fs::Permissions::from_mode(0o755))?;
     let rail = Rail {
         hca: "rocep1s0f1",
         netdev,

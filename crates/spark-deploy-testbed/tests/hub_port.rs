@@ -1,4 +1,9 @@
 //! The Hub port of spark-deploy-core against the testbed hub (loopback only).
+//!
+//! Longer than the ~600-line rule on purpose: one test binary for the Hub port's behaviour
+//! against the testbed hub (fetch, resume, stalls, verify, gating, pacing, cancellation), the
+//! tests sharing the config and request-log helpers at the top (each binary in `tests/` links the
+//! whole testbed again).
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

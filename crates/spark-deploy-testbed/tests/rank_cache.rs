@@ -1,6 +1,10 @@
 //! BuildRankCache on the test-scale checkpoint: both ranks of W=2 are built, decoded with a reader
 //! written here (not the writer's code), reassembled and compared byte for byte with the source
 //! shards (read with a safetensors reader written here too).
+//!
+//! Longer than the ~600-line rule on purpose: the independent reader and the byte-for-byte
+//! comparison are the point, and they are only used here; one test binary (each binary in
+//! `tests/` links the whole testbed again).
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

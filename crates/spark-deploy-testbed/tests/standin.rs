@@ -4,6 +4,11 @@
 //!
 //! Every wait is bounded by `STANDIN_TEST_TIMEOUT_S` (default 90 s); every child is killed by a
 //! guard on drop.
+//!
+//! Longer than the ~600-line rule on purpose: one test binary for the stand-in (each binary in
+//! `tests/` links the whole testbed again, which costs minutes on two cores), its tests sharing
+//! the loopback fixtures and bounded waits above. A split would be into modules of this binary
+//! (`tests/standin/main.rs` + one file per concern), not into more binaries.
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -44,7 +44,7 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
         let (hub, config) = spark_deploy_testbed::demo::prepare_with_engine(&info, &home, Some(&exe)).await.map_err(|e| Failure::new(RUNTIME, e.as_ref(), None))?;
         let path = info.state_dir.join("spark-deploy.toml");
         let text = toml::to_string_pretty(&config).map_err(|e| Failure::new(CONFIG, &e, None))?;
-        std::fs::write(&path, format!("# Written by `spark-deploy demo` for the testbed.\n{text}")).map_err(|e| Failure::new(RUNTIME, &e, None))?;
+        fs_err::write(&path, format!("# Written by `spark-deploy demo` for the testbed.\n{text}")).map_err(|e| Failure::new(RUNTIME, &e, None))?;
         let config = validate(config, &home)?;
         super::run::key_agrees(&config)?;
         let ctx = Arc::new(Context::new(config.clone(), Arc::new(TerminalSink::new(global.json, global.verbosity))));

@@ -63,8 +63,8 @@ pub(crate) fn run(global: &Global, cmd: &TestbedCommand) -> Result<(), Failure> 
             let keep = reused && write_config.is_none() && path.exists();
             if !keep {
                 let tmp = path.with_extension("toml.partial");
-                std::fs::write(&tmp, text)
-                    .and_then(|()| std::fs::rename(&tmp, &path))
+                fs_err::write(&tmp, text)
+                    .and_then(|()| fs_err::rename(&tmp, &path))
                     .map_err(|e| Failure::new(RUNTIME, &e, None))?;
             }
             if global.json {

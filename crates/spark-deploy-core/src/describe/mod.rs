@@ -212,7 +212,7 @@ impl PlanDescription {
             engine: "tensorfold-dsv41".into(),
             model: c.model.id.clone(),
             revision: c.model.revision.clone(),
-            model_commit: facts.model_commit.clone(),
+            model_commit: facts.model_commit.to_string(),
             served_name: c.model.served_name.clone(),
             api: format!("http://{head_addr}:{}/v1", c.serving.port),
             context: c.serving.context,
@@ -238,7 +238,7 @@ impl PlanDescription {
                 name: n.name.clone(),
                 rank,
                 ssh: n.ssh.clone(),
-                fabric_addr: facts.nodes[rank].fabric_addr.clone(),
+                fabric_addr: facts.nodes[rank].fabric_addr.to_string(),
                 network_mode: n.network_mode.clone(),
                 layout: NodeLayout::of(config, n),
             })

@@ -9,7 +9,7 @@ use std::path::Path;
 use super::ExportError;
 use crate::config::ValidatedConfig;
 use crate::container::labels;
-use crate::facts::{DeploymentFacts, is_commit};
+use crate::facts::{DeploymentFacts, Detected, is_commit};
 use crate::layout::NodeLayout;
 use crate::lifecycle::launch_record::{self, LaunchRecord};
 use crate::ports::docker::DockerNode;
@@ -146,38 +146,38 @@ pub fn facts_for_export(
     let mut facts = DeploymentFacts::placeholders(config);
     if let Some(r) = record {
         if is_commit(&r.model_commit) {
-            facts.model_commit.clone_from(&r.model_commit);
+            facts.model_commit = Detected::Known(r.model_commit.clone());
         }
         for (f, node) in facts.nodes.iter_mut().zip(&c.nodes) {
             if let Some(detected) = r.nodes.iter().find(|d| d.node == node.name) {
                 let configured = node.fabric_addr;
                 *f = detected.clone();
                 if let Some(a) = configured {
-                    f.fabric_addr = a.to_string();
+                    f.fabric_addr = Detected::Known(a);
                 }
             }
         }
     }
     if let Some(commit) = &overrides.model_commit {
-        facts.model_commit.clone_from(commit);
+        facts.model_commit = Detected::Known(commit.clone());
     }
     for f in &mut facts.nodes {
         if let Some(a) = overrides.fabric_addr.get(&f.node) {
-            f.fabric_addr = a.to_string();
+            f.fabric_addr = Detected::Known(*a);
         }
         if let Some(n) = overrides.netdev.get(&f.node) {
-            f.netdev.clone_from(n);
+            f.netdev = Detected::Known(n.clone());
         }
         if let Some(d) = overrides.rdma_devices.get(&f.node) {
-            f.rdma_devices.clone_from(d);
+            f.rdma_devices = Detected::Known(d.clone());
             if d.is_none() {
                 // No RoCE: NCCL over sockets, no GID and no device to pass through.
-                f.gid_index = None;
+                f.gid_index = Detected::Known(None);
                 f.infiniband_device = None;
             }
         }
         if let Some(g) = overrides.gid_index.get(&f.node) {
-            f.gid_index.clone_from(g);
+            f.gid_index = Detected::Known(g.clone());
         }
     }
     let pending = facts.unresolved(config);
@@ -232,7 +232,7 @@ pub async fn image_content(config: &ValidatedConfig) -> Result<String, ExportErr
 mod tests {
     use super::*;
     use crate::config::{DeploymentConfig, validate};
-    use crate::facts::{NodeFacts, PendingFact};
+    use crate::facts::{Detected, NodeFacts, PendingFact};
 
     fn config() -> ValidatedConfig {
         validate(DeploymentConfig::default(), Path::new("/home/u")).unwrap()
@@ -241,10 +241,10 @@ mod tests {
     fn detected(node: &str, addr: &str) -> NodeFacts {
         NodeFacts {
             node: node.into(),
-            fabric_addr: addr.into(),
-            netdev: "enp1s0f0np0".into(),
-            rdma_devices: Some("rocep1s0f0".into()),
-            gid_index: Some("3".into()),
+            fabric_addr: Detected::Known(addr.parse().unwrap()),
+            netdev: Detected::Known("enp1s0f0np0".into()),
+            rdma_devices: Detected::Known(Some("rocep1s0f0".into())),
+            gid_index: Detected::Known(Some("3".into())),
             infiniband_device: Some("/dev/infiniband".into()),
             gpu: true,
         }
@@ -300,11 +300,11 @@ mod tests {
         o.set("netdev", &format!("{worker}=eth9")).unwrap();
         o.set("rdma-devices", &format!("{worker}=none")).unwrap();
         let f = facts_for_export(&c, Some(&record), &o).unwrap();
-        assert_eq!(f.model_commit, "a".repeat(40));
+        assert_eq!(f.model_commit, Detected::Known("a".repeat(40)));
         assert_eq!(f.nodes[0], detected(&head_name, "198.18.0.1"));
-        assert_eq!(f.nodes[1].fabric_addr, "198.18.0.2");
-        assert_eq!(f.nodes[1].rdma_devices, None);
-        assert_eq!(f.nodes[1].gid_index, None);
+        assert_eq!(f.nodes[1].fabric_addr.to_string(), "198.18.0.2");
+        assert_eq!(f.nodes[1].rdma_devices, Detected::Known(None));
+        assert_eq!(f.nodes[1].gid_index, Detected::Known(None));
         assert_eq!(f.nodes[1].infiniband_device, None);
     }
 

@@ -104,7 +104,7 @@ impl PodInputs<'_> {
     fn nfs_source(&self) -> NFSVolumeSource {
         let c = self.config.config();
         let server = if c.storage.head_nfs_server.is_empty() {
-            self.facts.nodes[0].fabric_addr.clone()
+            self.facts.nodes[0].fabric_addr.to_string()
         } else {
             c.storage.head_nfs_server.clone()
         };

@@ -143,7 +143,7 @@ mod tests {
         let r = LaunchRecord {
             config_sha256: config_sha256(&c),
             fingerprint: "f".repeat(64),
-            model_commit: facts.model_commit,
+            model_commit: facts.model_commit.to_string(),
             nodes: facts.nodes,
             ranks: vec![LaunchedRank {
                 node: 1,

@@ -9,6 +9,7 @@ use crate::describe::{Action, ActionDetail};
 use crate::engine::Engine;
 use crate::event::StepKind;
 use crate::event::{Event, FileBytes, Level};
+use crate::facts::Detected;
 use crate::hub::{FetchEvent, FetchProgress, HfToken, Hub, HubConfig};
 use crate::layout::hub_dir;
 
@@ -384,7 +385,7 @@ impl FetchCheckpoint {
             let (repo, is_model) = (r.repo.clone(), r.repo == c.model.id);
             ctx.update_facts(|f| {
                 if is_model {
-                    f.model_commit.clone_from(&commit);
+                    f.model_commit = Detected::Known(commit.clone());
                 }
                 f.commits.insert(repo, commit.clone());
             });

@@ -267,7 +267,7 @@ async fn record_launch(ctx: &Context, specs: &[ContainerSpec], fingerprint: &str
     let record = LaunchRecord {
         config_sha256: launch_record::config_sha256(ctx.config()),
         fingerprint: fingerprint.to_owned(),
-        model_commit: facts.model_commit,
+        model_commit: facts.model_commit.to_string(),
         nodes: facts.nodes,
         ranks,
         gpu_clocks: ctx.preflight_report().and_then(|r| {

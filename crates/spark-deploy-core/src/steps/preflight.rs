@@ -10,6 +10,7 @@ use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
 use crate::event::Level;
 use crate::event::StepKind;
+use crate::facts::Detected;
 use crate::preflight::decide::{NodeFacts, PortProbe, Settings, decide};
 use crate::preflight::report::{Check, PreflightReport, Verdict};
 use crate::preflight::roce;
@@ -118,7 +119,7 @@ async fn unchanged_running_pair(ctx: &Context) -> Option<String> {
         }
     }
     ctx.update_facts(|f| {
-        f.model_commit.clone_from(&record.model_commit);
+        f.model_commit = Detected::Known(record.model_commit.clone());
         f.nodes.clone_from(&record.nodes);
     });
     ctx.set_preflight_deferred(true);
@@ -220,11 +221,11 @@ impl Preflight {
         ctx.update_facts(|facts| {
             for (nf, f) in facts.nodes.iter_mut().zip(&decision.detected) {
                 if let Some(r) = &f.route {
-                    nf.fabric_addr = r.src.to_string();
-                    nf.netdev = r.dev.clone();
+                    nf.fabric_addr = Detected::Known(r.src);
+                    nf.netdev = Detected::Known(r.dev.clone());
                 }
-                nf.rdma_devices = f.roce.as_ref().map(|r| r.devices.join(","));
-                nf.gid_index = f.roce.as_ref().map(|r| r.gid_index.to_string());
+                nf.rdma_devices = Detected::Known(f.roce.as_ref().map(|r| r.devices.join(",")));
+                nf.gid_index = Detected::Known(f.roce.as_ref().map(|r| r.gid_index.to_string()));
                 nf.infiniband_device = f.infiniband.then(|| "/dev/infiniband".to_owned());
                 nf.gpu = f.gpu;
             }

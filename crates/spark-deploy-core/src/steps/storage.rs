@@ -76,7 +76,7 @@ impl ConfigureWorkerStorage {
             .map(|(r, node)| {
                 let transfers = engine.plan_worker_inputs(config, facts, r);
                 let nfs_volume = (c.deployment.worker_storage == WorkerStorage::Nfs).then(|| {
-                    let server = if c.storage.head_nfs_server.is_empty() { facts.nodes[0].fabric_addr.clone() } else { c.storage.head_nfs_server.clone() };
+                    let server = if c.storage.head_nfs_server.is_empty() { facts.nodes[0].fabric_addr.to_string() } else { c.storage.head_nfs_server.clone() };
                     let path = if c.storage.nfs_path.is_empty() { head.hf_cache.clone() } else { c.storage.nfs_path.clone() };
                     let options = BTreeMap::from([
                         ("type".to_owned(), "nfs".to_owned()),
@@ -88,7 +88,7 @@ impl ConfigureWorkerStorage {
                 let local_tree = (c.deployment.worker_storage == WorkerStorage::Local).then(|| {
                     LocalTree {
                         path: c.storage.worker_tree.clone(),
-                        snapshot: crate::layout::snapshot_dir(&c.storage.worker_tree, &c.model.id, &facts.model_commit)
+                        snapshot: crate::layout::snapshot_dir(&c.storage.worker_tree, &c.model.id, &facts.model_commit.to_string())
                             .display()
                             .to_string(),
                         required: FOLLOWER_READS.iter().map(|f| (*f).to_owned()).collect(),
@@ -97,7 +97,7 @@ impl ConfigureWorkerStorage {
                 WorkerPlan {
                     node: node.name.clone(),
                     rank: r,
-                    fabric_addr: facts.nodes[r].fabric_addr.clone(),
+                    fabric_addr: facts.nodes[r].fabric_addr.to_string(),
                     nfs_volume,
                     local_tree,
                     transfers,
@@ -160,12 +160,16 @@ pub(crate) async fn ship(
 ) -> Result<pull::TransferStats, BoxError> {
     let c = ctx.config().config();
     let facts = ctx.facts();
-    let head_addr: IpAddr = facts.nodes[0].fabric_addr.parse().map_err(|_| {
-        format!(
-            "the head's fabric address is unknown ({}): run Preflight first",
-            facts.nodes[0].fabric_addr
-        )
-    })?;
+    let head_addr: IpAddr = facts.nodes[0]
+        .fabric_addr
+        .known()
+        .map(|a| IpAddr::V4(*a))
+        .ok_or_else(|| {
+            format!(
+                "the head's fabric address is unknown ({}): run Preflight first",
+                facts.nodes[0].fabric_addr
+            )
+        })?;
     let exec = ctx.exec(index).await?;
     let node = c.nodes[index].name.clone();
     crate::transfer::ownership::check(
@@ -234,7 +238,8 @@ fn volume_spec<'a>(
 ) -> Result<nfs_volume::VolumeSpec<'a>, BoxError> {
     let c = ctx.config().config();
     let facts = ctx.facts();
-    let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
+    let snap =
+        crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit.to_string());
     let mut expected: Vec<(String, u64)> = expand(&snap, &snap)?
         .into_iter()
         .filter_map(|j| {
@@ -279,12 +284,14 @@ async fn nfs(
     let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
     let (exported, server) = export_and_server(options, &head.hf_cache);
     {
-        let client: std::net::Ipv4Addr = w.fabric_addr.parse().map_err(|_| {
-            format!(
-                "the fabric address of {} is unknown ({}): run Preflight first",
-                w.node, w.fabric_addr
-            )
-        })?;
+        let facts = ctx.facts();
+        let client: std::net::Ipv4Addr =
+            *facts.nodes[index].fabric_addr.known().ok_or_else(|| {
+                format!(
+                    "the fabric address of {} is unknown ({}): run Preflight first",
+                    w.node, facts.nodes[index].fabric_addr
+                )
+            })?;
         let exports = ctx
             .exec(0)
             .await?

@@ -440,7 +440,7 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
                             config: serde_json::to_value(new.config()).unwrap_or_default(),
                             config_sha256: new_sha.clone(),
                             fingerprint: String::new(),
-                            model_commit: ctx.facts().model_commit,
+                            model_commit: ctx.facts().model_commit.to_string(),
                             images: Vec::new(),
                             served_from: at,
                             served_until: Some(at),

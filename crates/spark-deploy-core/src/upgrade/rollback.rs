@@ -113,7 +113,7 @@ pub(crate) async fn restore(ctx: &Context, g: &Generation) -> Result<(), Rollbac
             .await
             .map_err(|e| err(e.to_string()))?;
     }
-    ctx.update_facts(|f| f.model_commit.clone_from(&g.model_commit));
+    ctx.update_facts(|f| f.model_commit = crate::facts::Detected::Known(g.model_commit.clone()));
     let e = engine::for_config(&v);
     let facts = ctx.facts();
     let plan = Plan::from_steps(

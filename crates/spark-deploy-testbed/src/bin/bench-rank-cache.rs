@@ -24,7 +24,7 @@ use spark_deploy_core::engine::tensorfold::inputs::{
 use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
 
 fn vm_hwm_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    fs_err::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
@@ -46,7 +46,7 @@ fn child(model: &Path, out: &Path, rank: usize) -> Result<(), Box<dyn std::error
     let t1 = Instant::now();
     let file = build_rank_cache(&plan, out, &opts, &mut |_| Ok(()))?;
     let secs = t1.elapsed().as_secs_f64();
-    let len = std::fs::metadata(&file)?.len();
+    let len = fs_err::metadata(&file)?.len();
     println!("{secs} {len} {} {t_plan} {}", vm_hwm_kib(), file.display());
     Ok(())
 }
@@ -54,7 +54,7 @@ fn child(model: &Path, out: &Path, rank: usize) -> Result<(), Box<dyn std::error
 fn drop_caches(cold: bool) {
     if cold {
         let _ = Command::new("sync").status();
-        if std::fs::write("/proc/sys/vm/drop_caches", "3").is_err() {
+        if fs_err::write("/proc/sys/vm/drop_caches", "3").is_err() {
             eprintln!("warning: cannot drop the page cache (not root?); the run is warm");
         }
     }
@@ -66,7 +66,7 @@ fn cp_with_fsync(src: &Path, dst: &Path) -> Result<f64, Box<dyn std::error::Erro
     if !st.success() {
         return Err("cp failed".into());
     }
-    std::fs::File::open(dst)?.sync_all()?;
+    fs_err::File::open(dst)?.sync_all()?;
     Ok(t.elapsed().as_secs_f64())
 }
 
@@ -87,7 +87,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .find(|a| !a.starts_with("--") && a.parse::<usize>().is_err())
         .map_or_else(std::env::temp_dir, PathBuf::from);
     let scratch = base.join(format!("bench-rank-cache-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)?;
+    fs_err::create_dir_all(&scratch)?;
     let result = (|| -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         let g = generate(&CheckpointSpec::large(1), &scratch.join("ckpt"))?;
@@ -126,8 +126,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             peak = peak.max(hwm);
             drop_caches(cold);
             let cp_secs = cp_with_fsync(&file, &scratch.join(format!("cp-{rank}.bin")))?;
-            std::fs::remove_file(scratch.join(format!("cp-{rank}.bin")))?;
-            std::fs::remove_dir_all(&out)?;
+            fs_err::remove_file(scratch.join(format!("cp-{rank}.bin")))?;
+            fs_err::remove_dir_all(&out)?;
             let mib = len as f64 / (1 << 20) as f64;
             build_tput.push(mib / secs);
             with_plan.push(mib / (secs + plan_secs));
@@ -163,7 +163,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         );
         Ok(())
     })();
-    let _ = std::fs::remove_dir_all(&scratch);
+    let _ = fs_err::remove_dir_all(&scratch);
     result
 }
 

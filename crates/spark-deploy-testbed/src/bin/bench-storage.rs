@@ -63,9 +63,9 @@ fn remove_bench_files(info: &cluster::TestbedInfo) {
         .into_iter()
         .chain(["bench-ours", "bench-rsync", "bench-cp", "bench-39"].map(|d| w.disk_dir.join(d)));
     for d in dirs {
-        let _ = std::fs::remove_dir_all(d);
+        let _ = fs_err::remove_dir_all(d);
     }
-    let _ = std::fs::remove_file(info.state_dir.join("hashes.tsv"));
+    let _ = fs_err::remove_file(info.state_dir.join("hashes.tsv"));
 }
 
 async fn bench(info: &cluster::TestbedInfo) -> R<()> {
@@ -95,14 +95,14 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     // file is a blob named by its sha256 (the Hub's LFS oid), so the head does not re-hash it.
     // The blobs are hard links of the generated files (hashed here, untimed).
     let blobs = info.state_dir.join("bench-blobs");
-    let _ = std::fs::remove_dir_all(&blobs);
-    std::fs::create_dir_all(&blobs)?;
+    let _ = fs_err::remove_dir_all(&blobs);
+    fs_err::create_dir_all(&blobs)?;
     let mut jobs = expand(&data, &dest)?;
     for j in &mut jobs {
         use sha2::Digest as _;
         use std::io::Read as _;
         let mut h = sha2::Sha256::new();
-        let mut f = std::fs::File::open(&j.from)?;
+        let mut f = fs_err::File::open(&j.from)?;
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = f.read(&mut buf)?;
@@ -113,7 +113,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         }
         let blob = blobs.join(hex::encode(h.finalize()));
         if !blob.exists() {
-            std::fs::hard_link(&j.from, &blob)?;
+            fs_err::hard_link(&j.from, &blob)?;
         }
         j.from = blob;
     }
@@ -208,9 +208,9 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     );
     // 4. An up-to-date re-run over 39 files (the checkpoint's shard count).
     let many = info.state_dir.join("bench-39");
-    std::fs::create_dir_all(&many)?;
+    fs_err::create_dir_all(&many)?;
     for i in 0..39u32 {
-        std::fs::write(
+        fs_err::write(
             many.join(format!("model-{:05}-of-00039.safetensors", i + 1)),
             vec![u8::try_from(i).unwrap_or(0); 1 << 20],
         )?;

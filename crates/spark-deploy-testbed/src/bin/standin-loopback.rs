@@ -62,7 +62,7 @@ fn main() -> ExitCode {
             .config_out
             .parent()
             .map_or_else(|| PathBuf::from("."), PathBuf::from);
-        std::fs::write(
+        fs_err::write(
             &args.config_out,
             pair.config_toml(&state, args.pool, args.parallel),
         )?;

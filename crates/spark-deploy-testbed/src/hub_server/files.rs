@@ -255,7 +255,7 @@ struct Pacing {
 }
 
 struct BodyState {
-    file: Option<tokio::fs::File>,
+    file: Option<fs_err::tokio::File>,
     path: std::path::PathBuf,
     pos: u64,
     left: u64,
@@ -292,7 +292,7 @@ fn body_stream(
             return Ok(None);
         }
         if st.file.is_none() {
-            let mut f = tokio::fs::File::open(&st.path).await?;
+            let mut f = fs_err::tokio::File::open(&st.path).await?;
             f.seek(std::io::SeekFrom::Start(st.pos)).await?;
             st.file = Some(f);
         }

@@ -165,14 +165,14 @@ fn hidden(name: &std::ffi::OsStr) -> bool {
 }
 
 fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> std::io::Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(std::fs::DirEntry::file_name);
+    let mut entries: Vec<_> = fs_err::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(fs_err::DirEntry::file_name);
     for e in entries {
         let p = e.path();
         if e.file_name() == ".git" {
             continue;
         }
-        let meta = std::fs::metadata(&p)?;
+        let meta = fs_err::metadata(&p)?;
         if meta.is_dir() {
             walk(root, &p, out)?;
         } else if meta.is_file() {
@@ -207,9 +207,9 @@ pub fn git_blob_sha1(content: &[u8]) -> String {
 }
 
 fn hash_file(rel: &str, disk: &Path) -> std::io::Result<RepoFile> {
-    let size = std::fs::metadata(disk)?.len();
+    let size = fs_err::metadata(disk)?.len();
     let lfs = is_lfs(rel, size);
-    let mut f = std::fs::File::open(disk)?;
+    let mut f = fs_err::File::open(disk)?;
     let mut buf = vec![0u8; 1 << 20];
     let mut sha256 = <sha2::Sha256 as sha2::Digest>::new();
     let mut blob = sha1::Sha1::new();

@@ -89,7 +89,8 @@ impl LoopbackInputs {
             .max(usize::try_from(max_pool).unwrap_or(usize::MAX));
         let g = generate(&spec, &root.join("repos")).map_err(|e| fail(e.to_string()))?;
         let cache = root.join("cache");
-        std::fs::create_dir_all(&cache).map_err(io("creating the cache dir"))?;
+        std::fs::create_dir_all(&cache)
+            .map_err(io(format!("creating the cache dir {}", cache.display())))?;
         let tm = cache.join("dsv41_token_map.json");
         token_map::write_token_map(&g.model_dir, &tm).map_err(|e| fail(e.to_string()))?;
         let opts = RankCacheOptions {
@@ -220,7 +221,8 @@ impl Drop for Rank {
 
 impl Rank {
     fn spawn(mut cmd: Command, stderr: PathBuf) -> Result<Self, LoopbackError> {
-        let err = std::fs::File::create(&stderr).map_err(io("creating a stderr file"))?;
+        let err = std::fs::File::create(&stderr)
+            .map_err(io(format!("creating the stderr file {}", stderr.display())))?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(err));
@@ -297,7 +299,8 @@ impl LoopbackPair {
         let http = free_port()?;
         let root = inputs.dir.path();
         let run = root.join(format!("run-{http}"));
-        std::fs::create_dir_all(&run).map_err(io("creating the run dir"))?;
+        std::fs::create_dir_all(&run)
+            .map_err(io(format!("creating the run dir {}", run.display())))?;
         let key_file = run.join("api-key");
         std::fs::write(&key_file, format!("spark-deploy: {}\n", opts.key))
             .and_then(|()| {

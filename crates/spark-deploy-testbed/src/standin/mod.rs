@@ -208,14 +208,14 @@ pub fn is_engine_name(name: &str) -> bool {
 /// # Errors
 /// Creating the directory or copying fails.
 pub fn install_engine_dir(binary: &Path, engine_dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(engine_dir)?;
+    fs_err::create_dir_all(engine_dir)?;
     for name in [RANK0_NAMES[0], RANK1_NAME] {
         let to = engine_dir.join(name);
         if to.exists() {
-            std::fs::remove_file(&to)?;
+            fs_err::remove_file(&to)?;
         }
-        if std::fs::hard_link(binary, &to).is_err() {
-            std::fs::copy(binary, &to)?;
+        if fs_err::hard_link(binary, &to).is_err() {
+            fs_err::copy(binary, &to)?;
         }
     }
     Ok(())

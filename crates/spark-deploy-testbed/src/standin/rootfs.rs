@@ -183,5 +183,5 @@ pub fn rootfs_tar_with(binary: &Path, programs: &[&Path]) -> io::Result<Vec<u8>>
 /// # Errors
 /// As [`rootfs_tar`], or writing `out` fails.
 pub fn write_rootfs_tar(binary: &Path, out: &Path) -> io::Result<()> {
-    std::fs::write(out, rootfs_tar(binary)?)
+    fs_err::write(out, rootfs_tar(binary)?)
 }

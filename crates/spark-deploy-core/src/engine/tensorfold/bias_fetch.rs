@@ -34,7 +34,7 @@ pub(crate) async fn fetch_bias_vl(
     }
     let index_path = snapshot_dir(&c.hub.cache, &c.model.engram_repo, &orig_commit)
         .join("model.safetensors.index.json");
-    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(&index_path)?)?;
+    let index: serde_json::Value = serde_json::from_slice(&fs_err::read(&index_path)?)?;
     let map: std::collections::BTreeMap<String, String> =
         serde_json::from_value(index["weight_map"].clone())?;
     let names = bias_vl::bias_names(&map);

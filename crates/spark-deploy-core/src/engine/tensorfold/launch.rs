@@ -63,8 +63,12 @@ impl Shared {
         );
         common_env.extend(c.engine.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         Self {
-            model_dir: NodeLayout::snapshot_under(paths::HF, &c.model.id, &facts.model_commit),
-            master: facts.nodes[0].fabric_addr.clone(),
+            model_dir: NodeLayout::snapshot_under(
+                paths::HF,
+                &c.model.id,
+                &facts.model_commit.to_string(),
+            ),
+            master: facts.nodes[0].fabric_addr.to_string(),
             port: c.engine.rendezvous_port.to_string(),
             world: c.nodes.len().to_string(),
             pool: c.serving.context.to_string(),
@@ -76,11 +80,11 @@ impl Shared {
 
 /// Per-node fabric environment (netdev, RoCE devices, GID index): these legitimately differ between nodes.
 fn fabric_env(f: &NodeFacts, env: &mut BTreeMap<String, String>) {
-    env.insert("NCCL_SOCKET_IFNAME".to_owned(), f.netdev.clone());
-    if let Some(devs) = &f.rdma_devices {
-        env.insert("NCCL_IB_HCA".to_owned(), devs.clone());
+    env.insert("NCCL_SOCKET_IFNAME".to_owned(), f.netdev.to_string());
+    if let Some(devs) = f.rdma_devices.text() {
+        env.insert("NCCL_IB_HCA".to_owned(), devs);
     }
-    if let Some(gid) = &f.gid_index {
+    if let Some(gid) = f.gid_index.text() {
         env.insert("NCCL_IB_GID_INDEX".to_owned(), gid.clone());
         env.insert("TF_RDMA_GID_INDEX".to_owned(), gid.clone());
     }
@@ -224,8 +228,8 @@ fn rank0(config: &ValidatedConfig, facts: &DeploymentFacts, shared: &Shared) -> 
     ] {
         env.insert(k.to_owned(), v);
     }
-    if let Some(devs) = &f.rdma_devices {
-        env.insert("TF_RDMA_DEVICES".to_owned(), devs.clone());
+    if let Some(devs) = f.rdma_devices.text() {
+        env.insert("TF_RDMA_DEVICES".to_owned(), devs);
     }
     fabric_env(f, &mut env);
     let mut argv: Vec<String> = [SERVER_BIN, "serve", &shared.model_dir]
@@ -302,8 +306,8 @@ fn follower(
         ("--pool", shared.pool.clone()),
         ("--drafts", flag(c.serving.drafts)),
     ];
-    if let Some(devs) = &f.rdma_devices {
-        pairs.push(("--rdma", devs.clone()));
+    if let Some(devs) = f.rdma_devices.text() {
+        pairs.push(("--rdma", devs));
     }
     pairs.extend([
         ("--graphs", flag(c.engine.graphs)),

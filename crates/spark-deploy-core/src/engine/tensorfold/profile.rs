@@ -180,7 +180,7 @@ impl Engine for TensorfoldDsv41 {
             crate::layout::NodeLayout::snapshot_under(
                 launch::paths::HF,
                 &c.model.id,
-                &facts.model_commit,
+                &facts.model_commit.to_string(),
             ),
             launch::paths::RANK_CACHE.to_owned(),
             rank.to_owned(),

@@ -141,18 +141,18 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// cannot follow links out of its mount.
 fn link_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> std::io::Result<u64> {
     let mut n = 0;
-    std::fs::create_dir_all(to)?;
-    for e in std::fs::read_dir(from)? {
+    fs_err::create_dir_all(to)?;
+    for e in fs_err::read_dir(from)? {
         let e = e?;
         let (src, dst) = (e.path(), to.join(e.file_name()));
-        if std::fs::metadata(&src)?.is_dir() {
+        if fs_err::metadata(&src)?.is_dir() {
             n += link_tree(&src, &dst, keep)?;
         } else if keep(&src) && !dst.exists() {
-            let real = std::fs::canonicalize(&src)?;
-            if std::fs::hard_link(&real, &dst).is_err() {
+            let real = fs_err::canonicalize(&src)?;
+            if fs_err::hard_link(&real, &dst).is_err() {
                 let tmp = dst.with_extension("partial");
-                std::fs::copy(&real, &tmp)?;
-                std::fs::rename(&tmp, &dst)?;
+                fs_err::copy(&real, &tmp)?;
+                fs_err::rename(&tmp, &dst)?;
             }
             n += 1;
         }
@@ -169,13 +169,13 @@ impl RankInputs {
         };
         let c = ctx.config().config();
         let facts = ctx.facts();
-        if !crate::facts::is_commit(&facts.model_commit) {
+        let Some(model_commit) = facts.model_commit.known() else {
             return Err(fail(
                 "the checkpoint's commit is unknown".into(),
                 "run FetchCheckpoint first (`spark-deploy up` runs it)",
             ));
-        }
-        let model_dir = snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
+        };
+        let model_dir = snapshot_dir(&c.hub.cache, &c.model.id, model_commit);
         let commit_of = |repo: &str, rev: &str| {
             facts
                 .commits
@@ -369,8 +369,8 @@ impl RankInputs {
                 let bias = kit_dir.join("vision/gate_bias_vl.safetensors");
                 if !bias.exists() && fetched_bias.exists() {
                     // Read by byte range from the Hub at fetch (the kit does not publish it).
-                    std::fs::create_dir_all(kit_dir.join("vision"))
-                        .and_then(|()| std::fs::copy(&fetched_bias, &bias).map(|_| ()))
+                    fs_err::create_dir_all(kit_dir.join("vision"))
+                        .and_then(|()| fs_err::copy(&fetched_bias, &bias).map(|_| ()))
                         .map_err(|e| (Box::new(e) as BoxError, "the kit dir must be writable"))?;
                 }
                 if !bias.exists() {
@@ -430,5 +430,20 @@ impl RankInputs {
             });
         }
         Ok(Outcome::Done { bytes: Some(built) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_tree_error_names_its_path() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("no-such-snapshot");
+        let e = link_tree(&missing, &d.path().join("out"), &|_| true).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        let text = e.to_string();
+        assert!(text.contains(&missing.display().to_string()), "{text}");
     }
 }

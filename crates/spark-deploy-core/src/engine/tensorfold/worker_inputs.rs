@@ -74,8 +74,9 @@ pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxErr
     let world = c.nodes.len();
     let mut jobs = Vec::new();
     if c.deployment.worker_storage == WorkerStorage::Copy {
-        let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &facts.model_commit);
-        let to = crate::layout::snapshot_dir(&wl.hf_cache, &c.model.id, &facts.model_commit);
+        let commit = facts.model_commit.to_string();
+        let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &commit);
+        let to = crate::layout::snapshot_dir(&wl.hf_cache, &c.model.id, &commit);
         jobs.extend(
             expand(&snap, &to)
                 .map_err(|e| Box::new(e) as BoxError)?
@@ -101,7 +102,7 @@ pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxErr
     );
     let prefix = format!("rank{i}of{world}-");
     let rank_dir = Path::new(&head.inputs_dir).join("rank-cache");
-    let rank_file = std::fs::read_dir(&rank_dir)
+    let rank_file = fs_err::read_dir(&rank_dir)
         .map_err(|e| Box::new(e) as BoxError)?
         .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
