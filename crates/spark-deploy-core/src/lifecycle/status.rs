@@ -1,7 +1,5 @@
 //! `status`: both ranks' containers, the served model, memory available on every node.
 
-use std::path::Path;
-
 use serde::Serialize;
 
 use crate::container::labels;
@@ -59,7 +57,7 @@ pub async fn status(ctx: &Context) -> Status {
         }
         let mem_available_gib = match ctx.exec(rank).await {
             Ok(e) => e
-                .read_file(Path::new("/proc/meminfo"))
+                .read_file(&node.meminfo_path())
                 .await
                 .ok()
                 .and_then(|b| {

@@ -15,6 +15,7 @@ pub use crate::describe::{Action, PlanDescription, StepDescription, render};
 use crate::engine::{self, Engine};
 pub use crate::event::StepKind;
 use crate::facts::DeploymentFacts;
+use crate::lifecycle::watch_state::Marker;
 use crate::steps::{
     BuildImage, BuildRankCache, ConfigureWorkerStorage, FetchCheckpoint, LaunchRank, Preflight,
     Smoke, Stop,
@@ -108,6 +109,7 @@ pub struct Plan {
     engine: Arc<dyn Engine>,
     facts: DeploymentFacts,
     steps: Vec<Step>,
+    marker: Marker,
 }
 
 impl Plan {
@@ -146,6 +148,7 @@ impl Plan {
             engine,
             facts,
             steps,
+            marker: Marker::Keep,
         }
     }
 
@@ -170,8 +173,16 @@ impl Plan {
 
     /// The plan of `verb` for `config` with the configured engine.
     #[must_use]
+    ///
+    /// `down` writes the watch stop marker when it succeeds (a pair the user stopped is never
+    /// healed); `up` and `restart` remove it.
     pub fn for_verb(config: &ValidatedConfig, verb: Verb) -> Self {
-        match verb {
+        let marker = match verb {
+            Verb::Down => Marker::Write,
+            Verb::Up | Verb::Restart => Marker::Clear,
+            Verb::Prepare | Verb::Preflight | Verb::Fetch | Verb::FetchVerifyOnly => Marker::Keep,
+        };
+        let mut plan = match verb {
             Verb::Up => Self::standard(config),
             Verb::Down => Self::teardown(config),
             Verb::Restart => Self::restart(config),
@@ -189,7 +200,15 @@ impl Plan {
                     FetchCheckpoint::new(config).verify_only(),
                 )],
             ),
-        }
+        };
+        plan.marker = marker;
+        plan
+    }
+
+    /// What the plan does to the watch stop marker when it succeeds.
+    #[must_use]
+    pub fn marker(&self) -> Marker {
+        self.marker
     }
 
     /// The engine the plan deploys.
@@ -207,6 +226,7 @@ impl Plan {
             engine: engine::for_config(config),
             facts,
             steps: vec![Step::Stop(Stop::new(config))],
+            marker: Marker::Keep,
         }
     }
 
@@ -246,6 +266,7 @@ impl Plan {
             engine: engine::for_config(config),
             facts: DeploymentFacts::placeholders(config),
             steps,
+            marker: Marker::Keep,
         }
     }
 
