@@ -13,6 +13,7 @@ pub(crate) mod run;
 #[cfg(feature = "testbed")]
 pub(crate) mod testbed;
 pub(crate) mod validate;
+pub(crate) mod watch;
 
 use std::path::{Path, PathBuf};
 

@@ -34,6 +34,8 @@ pub struct Status {
     pub served: Result<Vec<String>, String>,
     /// `running` when every rank runs and the API answers; else `down` or `degraded`.
     pub overall: String,
+    /// The supervisor (`spark-deploy watch`): its state, the stop marker, the pause lease.
+    pub watch: crate::supervise::WatchStatus,
 }
 
 /// Reads the state of every rank and the API.
@@ -123,5 +125,6 @@ pub async fn status(ctx: &Context) -> Status {
         ranks,
         served,
         overall,
+        watch: crate::supervise::status(std::path::Path::new(&c.deployment.state_dir)),
     }
 }

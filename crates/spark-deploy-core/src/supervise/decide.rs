@@ -235,27 +235,39 @@ fn frozen_run(window: &[Sample]) -> &[Sample] {
     &window[window.len() - n..]
 }
 
+/// A wedge: over at least two samples and `wedge_ms`, requests ran and the token counter stayed
+/// put, and the 1-token probe sent half-way (at `wedge_ms / 2`) failed or has not answered for
+/// `wedge_ms / 2`. So the default 30 s finds a wedge 30 s after its onset, not 30 s plus a probe
+/// timeout.
 fn wedge(window: &[Sample], t: &Thresholds) -> Option<Finding> {
     let run = frozen_run(window);
     let (first, last) = (run.first()?, run.last()?);
     let frozen_ms = last.ts_ms.saturating_sub(first.ts_ms);
-    if run.len() < 2 || frozen_ms < t.wedge_ms {
+    let half = t.wedge_ms / 2;
+    if run.len() < 2 || frozen_ms < half {
         return None;
     }
     let frozen_s = frozen_ms as f64 / 1000.0;
-    // The probe that confirms: one that failed within the frozen run.
-    let failed = run.iter().rev().find_map(|s| match &s.probe {
-        Some(ProbeObs::Failed { detail, .. }) => Some(detail.clone()),
-        _ => None,
-    });
-    let Some(probe) = failed else {
-        return Some(match &last.probe {
-            Some(ProbeObs::InFlight { .. }) => Finding::Probing,
-            _ => Finding::ProbeDue {
+    let probe = run.iter().rev().find_map(|s| s.probe.clone());
+    let failed = match probe {
+        None => {
+            return Some(Finding::ProbeDue {
                 why: ProbeWhy::Frozen,
-            },
-        });
+            });
+        }
+        Some(ProbeObs::Ok { .. }) => return None,
+        Some(ProbeObs::Failed { detail, .. }) => detail,
+        Some(ProbeObs::InFlight { since_ms }) => {
+            let waited = last.ts_ms.saturating_sub(since_ms);
+            if waited < half {
+                return Some(Finding::Probing);
+            }
+            format!("no answer in {:.0} s", waited as f64 / 1000.0)
+        }
     };
+    if frozen_ms < t.wedge_ms {
+        return Some(Finding::Probing);
+    }
     let gpus: Vec<f64> = last.ranks.iter().filter_map(|r| r.gpu_util_pct).collect();
     if !gpus.is_empty() && gpus.iter().all(|u| *u >= t.gpu_busy_pct) {
         return Some(Finding::WedgeUnconfirmed {
@@ -269,7 +281,7 @@ fn wedge(window: &[Sample], t: &Thresholds) -> Option<Finding> {
     Some(Finding::Wedge {
         frozen_s,
         running: last.running_requests.unwrap_or(0.0),
-        probe,
+        probe: failed,
     })
 }
 
@@ -486,32 +498,31 @@ mod tests {
     }
 
     #[test]
-    fn wedge_needs_the_default_30_s_then_a_failed_probe() {
+    fn wedge_needs_the_default_30_s_and_a_probe_sent_half_way_that_does_not_answer() {
         // Tokens move until 20 s, then freeze with 3 requests running.
-        let mut w = seq(48, |s| (3.0, s.min(20.0) * 7.0));
-        // At 48 s: frozen 28 s — one slow step, not a wedge.
+        let mut w = seq(34, |s| (3.0, s.min(20.0) * 7.0));
+        // At 34 s: frozen 14 s — a slow step, nothing to do.
         assert_eq!(decide(&w, &t()), Finding::Healthy);
-        w.push(at(50.0, 3.0, 140.0));
+        w.push(at(36.0, 3.0, 140.0));
         assert_eq!(
             decide(&w, &t()),
             Finding::ProbeDue {
                 why: ProbeWhy::Frozen
-            }
+            },
+            "half of W frozen: probe"
         );
+        for s in [38.0, 40.0, 42.0, 44.0, 46.0, 48.0, 50.0] {
+            w.push(at(s, 4.0, 140.0));
+            w.last_mut().unwrap().probe = Some(ProbeObs::InFlight { since_ms: 36_000 });
+            assert_eq!(decide(&w, &t()), Finding::Probing, "at {s} s");
+        }
+        // One sample after W: frozen 32 s, the probe unanswered for 16 s.
         w.push(at(52.0, 4.0, 140.0));
-        w.last_mut().unwrap().probe = Some(ProbeObs::InFlight { since_ms: 50_000 });
-        assert_eq!(decide(&w, &t()), Finding::Probing);
-        w.push(at(54.0, 3.0, 140.0));
-        w.last_mut().unwrap().probe = Some(ProbeObs::Failed {
-            ms: 4000,
-            detail: "no answer within 4 s".into(),
-        });
+        w.last_mut().unwrap().probe = Some(ProbeObs::InFlight { since_ms: 36_000 });
         match decide(&w, &t()) {
-            Finding::Wedge {
-                frozen_s, probe, ..
-            } => {
-                assert!((frozen_s - 34.0).abs() < 1e-9, "{frozen_s}");
-                assert!(probe.contains("no answer"));
+            Finding::Wedge { frozen_s, probe, .. } => {
+                assert!((frozen_s - 32.0).abs() < 1e-9, "{frozen_s}");
+                assert!(probe.contains("no answer in 16 s"), "{probe}");
             }
             other => panic!("{other:?}"),
         }
@@ -527,6 +538,15 @@ mod tests {
             ),
             Action::Heal
         );
+        // A probe that failed early is remembered until W is reached.
+        let mut w = seq(36, |s| (1.0, s.min(20.0)));
+        w.last_mut().unwrap().probe = Some(ProbeObs::Failed {
+            ms: 300,
+            detail: "HTTP 500".into(),
+        });
+        assert_eq!(decide(&w, &t()), Finding::Probing);
+        w.push(at(50.0, 1.0, 20.0));
+        assert!(matches!(decide(&w, &t()), Finding::Wedge { .. }));
     }
 
     #[test]

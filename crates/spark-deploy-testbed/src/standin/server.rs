@@ -80,6 +80,9 @@ pub struct ServerConfig {
     pub perf: PerfModel,
     /// Fault modes in effect.
     pub faults: Faults,
+    /// A file naming more faults, read while serving ([`super::faults::FAULT_FILE`] in the
+    /// container; none in-process).
+    pub fault_file: Option<std::path::PathBuf>,
 }
 
 /// Why the server could not run.
@@ -116,6 +119,8 @@ pub struct AppState {
     accepted: AtomicU64,
     prompt_cache: std::sync::Mutex<HashSet<[u8; 32]>>,
     peer_down: AtomicBool,
+    /// The generated-tokens counter as it was when the wedge began.
+    wedged_at: std::sync::Mutex<Option<u64>>,
 }
 
 /// Counts a request as running while it lives (for a stream: until its last chunk is sent).
@@ -153,7 +158,30 @@ impl AppState {
             accepted: AtomicU64::new(0),
             prompt_cache: std::sync::Mutex::new(HashSet::new()),
             peer_down: AtomicBool::new(down),
+            wedged_at: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Whether `f` is in effect: given at start, or named in the fault file now.
+    fn has(&self, f: Fault) -> bool {
+        self.cfg.faults.has(f)
+            || self.cfg.fault_file.as_ref().is_some_and(|p| {
+                std::fs::read_to_string(p)
+                    .ok()
+                    .and_then(|t| Faults::parse(&t).ok())
+                    .is_some_and(|fs| fs.has(f))
+            })
+    }
+
+    /// In wedge mode: the generated-tokens counter frozen at the wedge's onset.
+    fn wedged(&self) -> Option<u64> {
+        let mut at = self.wedged_at.lock().ok()?;
+        if self.has(Fault::Wedge) {
+            Some(*at.get_or_insert_with(|| self.generated.load(Ordering::SeqCst)))
+        } else {
+            *at = None;
+            None
+        }
     }
 
     /// Sends one primitive to rank 1 and waits for its ack. Any failure marks the peer down for
@@ -368,6 +396,8 @@ fn models(st: &AppState) -> Response {
 fn metrics(st: &AppState) -> Response {
     let running = st.running.load(Ordering::SeqCst);
     let load = |c: &AtomicU64| c.load(Ordering::SeqCst).to_string();
+    let frozen = st.wedged();
+    let generated = || frozen.map_or_else(|| load(&st.generated), |v| v.to_string());
     let rows: [(&str, &str, String); 15] = [
         (
             "tensorfold:requests_total",
@@ -416,16 +446,8 @@ fn metrics(st: &AppState) -> Response {
             "counter",
             load(&st.prompt_tokens),
         ),
-        (
-            "tensorfold:generation_tokens_total",
-            "counter",
-            load(&st.generated),
-        ),
-        (
-            "vllm:generation_tokens_total",
-            "counter",
-            load(&st.generated),
-        ),
+        ("tensorfold:generation_tokens_total", "counter", generated()),
+        ("vllm:generation_tokens_total", "counter", generated()),
         (
             "vllm:spec_decode_num_draft_tokens",
             "counter",
@@ -1076,6 +1098,11 @@ async fn chat(
     arrived: std::time::Instant,
 ) -> Response {
     st.requests.fetch_add(1, Ordering::SeqCst);
+    if st.wedged().is_some() {
+        // A wedged pair: the request runs forever (until the client gives up).
+        let _running = running;
+        return std::future::pending().await;
+    }
     let fail = |e: ApiError| {
         st.failures.fetch_add(1, Ordering::SeqCst);
         e.response()
@@ -1257,6 +1284,7 @@ mod tests {
             drafts: true,
             perf: PerfModel::default(),
             faults: Faults::default(),
+            fault_file: None,
         }
     }
 
