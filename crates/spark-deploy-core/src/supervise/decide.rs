@@ -520,7 +520,9 @@ mod tests {
         w.push(at(52.0, 4.0, 140.0));
         w.last_mut().unwrap().probe = Some(ProbeObs::InFlight { since_ms: 36_000 });
         match decide(&w, &t()) {
-            Finding::Wedge { frozen_s, probe, .. } => {
+            Finding::Wedge {
+                frozen_s, probe, ..
+            } => {
                 assert!((frozen_s - 32.0).abs() < 1e-9, "{frozen_s}");
                 assert!(probe.contains("no answer in 16 s"), "{probe}");
             }

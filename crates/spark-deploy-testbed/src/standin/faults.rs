@@ -129,11 +129,7 @@ impl Faults {
     /// [`FaultError`] for an unknown name.
     pub fn parse(list: &str) -> Result<Self, FaultError> {
         let mut out = Vec::new();
-        for name in list
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-        {
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let f = Fault::ALL
                 .into_iter()
                 .find(|f| f.name() == name)
