@@ -370,16 +370,16 @@ pub async fn watch(ctx: &Context) -> Result<(), SuperviseError> {
             (Finding::ProbeDue { .. }, _) => Level::Info,
             _ => Level::Debug,
         };
+        me.reason = match &action {
+            Action::Hold { why } => format!("{} — not acting: {why}", finding.describe()),
+            _ => finding.describe(),
+        };
         let changed = me.last_finding.as_ref() != Some(&finding);
         log(
             ctx,
             if changed { level } else { level.min_debug() },
-            format!("decision: {}", finding.describe()),
+            format!("decision: {}", me.reason),
         );
-        me.reason = match &action {
-            Action::Hold { why } => format!("{} — {why}", finding.describe()),
-            _ => finding.describe(),
-        };
         me.last_finding = Some(finding.clone());
         match action {
             Action::Nothing | Action::Hold { .. } => {}
@@ -493,30 +493,41 @@ async fn heal(
     if let Some(p) = me.probe.take() {
         p.task.abort();
     }
-    if let Err(e) = act::stop_pair(ctx).await {
-        ctx.emit(Event::Failed {
-            source: source(),
-            error: format!("stopping the pair failed: {e}"),
-            remedy: Some(
-                "check both nodes' Docker; watch tries again at the next sample".to_owned(),
-            ),
-        });
-        return Ok(());
+    // Every attempt counts towards the flap limit, a failed one too.
+    if !matches!(action, Action::StopForGood { .. }) {
+        me.heals.push(now);
     }
+    let stopped = act::stop_pair(ctx).await;
     if let Action::StopForGood { reason } = action {
+        // Written even when the stop failed: watch stops trying either way.
         me.files.write_stop(reason)?;
         me.mode = WatchMode::Stopped;
         me.reason = reason.clone();
+        let error = match &stopped {
+            Ok(()) => reason.clone(),
+            Err(e) => format!("{reason}; stopping the pair failed too: {e}"),
+        };
         ctx.emit(Event::Failed {
             source: source(),
-            error: reason.clone(),
+            error,
             remedy: Some(
                 "fix the cause, then `spark-deploy up` (it removes the stop marker)".to_owned(),
             ),
         });
         return Ok(());
     }
-    me.heals.push(now);
+    if let Err(e) = stopped {
+        me.write_state(None)?;
+        ctx.emit(Event::Failed {
+            source: source(),
+            error: format!("stopping the pair failed: {e}"),
+            remedy: Some(
+                "check both nodes' Docker; watch tries again (within watch.max_heals_per_hour)"
+                    .to_owned(),
+            ),
+        });
+        return Ok(());
+    }
     me.write_state(None)?;
     match act::start_pair(ctx).await {
         Ok(()) => {
