@@ -63,6 +63,7 @@ pub(crate) fn run_status(global: &Global) -> Result<(), Failure> {
             w.reason,
             w.paused_until
                 .as_ref()
+                .filter(|_| !w.reason.contains("paused until"))
                 .map(|u| format!("; paused until {u}"))
                 .unwrap_or_default(),
             if w.heals_last_hour > 0 {

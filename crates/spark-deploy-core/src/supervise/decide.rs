@@ -220,10 +220,11 @@ fn memory(last: &Sample, t: &Thresholds) -> Option<Finding> {
 }
 
 /// The samples, newest last, over which requests ran and the token counter stayed at the
-/// newest sample's value.
-fn frozen_run(window: &[Sample]) -> &[Sample] {
+/// newest sample's value; and when the counter was last seen at another value (the sample before
+/// them: the last token came after it), else the first of them.
+fn frozen_run(window: &[Sample]) -> (&[Sample], Option<u64>) {
     let Some(tokens) = window.last().and_then(|s| s.generated_tokens) else {
-        return &[];
+        return (&[], None);
     };
     let n = window
         .iter()
@@ -232,19 +233,25 @@ fn frozen_run(window: &[Sample]) -> &[Sample] {
             s.generated_tokens == Some(tokens) && s.running_requests.is_some_and(|r| r > 0.0)
         })
         .count();
-    &window[window.len() - n..]
+    let start = window.len() - n;
+    let since = start
+        .checked_sub(1)
+        .and_then(|i| window.get(i))
+        .filter(|s| s.generated_tokens.is_some_and(|t| t < tokens))
+        .or_else(|| window.get(start))
+        .map(|s| s.ts_ms);
+    (&window[start..], since)
 }
 
-/// A wedge: over at least two samples and `wedge_ms`, requests ran and the token counter stayed
-/// put, and the 1-token probe sent half-way (at `wedge_ms / 2`) failed or has not answered for
-/// `wedge_ms / 2`. So the default 30 s finds a wedge 30 s after its onset, not 30 s plus a probe
-/// timeout.
+/// A wedge: over at least two samples and `wedge_ms` since the counter last moved, requests ran
+/// and the token counter stayed put, and the 1-token probe sent half-way (at `wedge_ms / 2`)
+/// failed or has not answered for `wedge_ms / 3`. So the default 30 s finds a wedge 30 s after
+/// its onset (within one sample), not 30 s plus a probe timeout.
 fn wedge(window: &[Sample], t: &Thresholds) -> Option<Finding> {
-    let run = frozen_run(window);
-    let (first, last) = (run.first()?, run.last()?);
-    let frozen_ms = last.ts_ms.saturating_sub(first.ts_ms);
-    let half = t.wedge_ms / 2;
-    if run.len() < 2 || frozen_ms < half {
+    let (run, since) = frozen_run(window);
+    let last = run.last()?;
+    let frozen_ms = last.ts_ms.saturating_sub(since?);
+    if run.len() < 2 || frozen_ms < t.wedge_ms / 2 {
         return None;
     }
     let frozen_s = frozen_ms as f64 / 1000.0;
@@ -259,7 +266,7 @@ fn wedge(window: &[Sample], t: &Thresholds) -> Option<Finding> {
         Some(ProbeObs::Failed { detail, .. }) => detail,
         Some(ProbeObs::InFlight { since_ms }) => {
             let waited = last.ts_ms.saturating_sub(since_ms);
-            if waited < half {
+            if waited < t.wedge_ms / 3 {
                 return Some(Finding::Probing);
             }
             format!("no answer in {:.0} s", waited as f64 / 1000.0)
@@ -499,11 +506,12 @@ mod tests {
 
     #[test]
     fn wedge_needs_the_default_30_s_and_a_probe_sent_half_way_that_does_not_answer() {
-        // Tokens move until 20 s, then freeze with 3 requests running.
-        let mut w = seq(34, |s| (3.0, s.min(20.0) * 7.0));
-        // At 34 s: frozen 14 s — a slow step, nothing to do.
+        // Tokens move until 20 s (last seen moving at the 18 s sample), then freeze with 3
+        // requests running.
+        let mut w = seq(32, |s| (3.0, s.min(20.0) * 7.0));
+        // At 32 s: frozen at most 14 s — a slow step, nothing to do.
         assert_eq!(decide(&w, &t()), Finding::Healthy);
-        w.push(at(36.0, 3.0, 140.0));
+        w.push(at(34.0, 3.0, 140.0));
         assert_eq!(
             decide(&w, &t()),
             Finding::ProbeDue {
@@ -511,20 +519,20 @@ mod tests {
             },
             "half of W frozen: probe"
         );
-        for s in [38.0, 40.0, 42.0, 44.0, 46.0, 48.0, 50.0] {
+        for s in [36.0, 38.0, 40.0, 42.0, 44.0, 46.0] {
             w.push(at(s, 4.0, 140.0));
-            w.last_mut().unwrap().probe = Some(ProbeObs::InFlight { since_ms: 36_000 });
+            w.last_mut().unwrap().probe = Some(ProbeObs::InFlight { since_ms: 34_000 });
             assert_eq!(decide(&w, &t()), Finding::Probing, "at {s} s");
         }
-        // One sample after W: frozen 32 s, the probe unanswered for 16 s.
-        w.push(at(52.0, 4.0, 140.0));
-        w.last_mut().unwrap().probe = Some(ProbeObs::InFlight { since_ms: 36_000 });
+        // W after the counter last moved, the probe unanswered for 14 s (≥ W / 3): a wedge.
+        w.push(at(48.0, 4.0, 140.0));
+        w.last_mut().unwrap().probe = Some(ProbeObs::InFlight { since_ms: 34_000 });
         match decide(&w, &t()) {
             Finding::Wedge {
                 frozen_s, probe, ..
             } => {
-                assert!((frozen_s - 32.0).abs() < 1e-9, "{frozen_s}");
-                assert!(probe.contains("no answer in 16 s"), "{probe}");
+                assert!((frozen_s - 30.0).abs() < 1e-9, "{frozen_s}");
+                assert!(probe.contains("no answer in 14 s"), "{probe}");
             }
             other => panic!("{other:?}"),
         }
