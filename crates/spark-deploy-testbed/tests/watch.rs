@@ -263,10 +263,18 @@ async fn heal_row(
         "{fault}: both ranks run after the heal"
     );
     let load = loaded_s();
+    let why = w
+        .lines()
+        .into_iter()
+        .find_map(|l| {
+            l.strip_prefix("started: healing the pair: ")
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
     row(
         fault,
         Some(detected),
-        "heal (stop 0,1; start 1,0; smoke)",
+        &format!("heal (stop 0,1; start 1,0; smoke) on: {why}"),
         Some(back),
     );
     assert!(
@@ -308,6 +316,21 @@ async fn watch_sigkill_rank0_heals_the_pair() {
                 docker(&["kill", "-s", "KILL", RANK0]).map(|_| ())
             })
             .await?;
+            // Then the user stops the pair: `down` writes the stop marker and watch never heals.
+            Plan::for_verb(&w.v, Verb::Down)
+                .run(&Context::new(w.v.clone(), Arc::new(Recorder::default())))
+                .await?;
+            w.wait(Duration::from_secs(10), |e| {
+                matches!(e, Event::Log { line, .. } if line.contains("stop marker, not healing: stopped by the user (down)"))
+            })
+            .await
+            .ok_or_else(|| format!("watch did not see the user's down: {:#?}", w.lines()))?;
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let heals = w.rec.events().iter().filter(|e| heal_started(e)).count();
+            assert_eq!(heals, 1, "the user's down is not healed: {:#?}", w.lines());
+            assert!(!running(RANK0) && !running(RANK1));
+            let st = supervise::status(Path::new(&w.v.config().deployment.state_dir));
+            assert_eq!(st.stop_marker.as_deref(), Some("stopped by the user (down)"));
             Ok(())
         })
         .await

@@ -292,3 +292,29 @@ impl Plan {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DeploymentConfig, validate};
+
+    #[test]
+    fn down_writes_the_watch_stop_marker_up_and_restart_remove_it() {
+        let v = validate(DeploymentConfig::default(), std::path::Path::new("/home/u")).unwrap();
+        let m = |verb| Plan::for_verb(&v, verb).marker();
+        assert_eq!(m(Verb::Down), Marker::Write);
+        assert_eq!(m(Verb::Up), Marker::Clear);
+        assert_eq!(m(Verb::Restart), Marker::Clear);
+        for verb in [
+            Verb::Prepare,
+            Verb::Preflight,
+            Verb::Fetch,
+            Verb::FetchVerifyOnly,
+        ] {
+            assert_eq!(m(verb), Marker::Keep);
+        }
+        // The supervisor's own plans leave it alone.
+        assert_eq!(Plan::teardown(&v).marker(), Marker::Keep);
+        assert_eq!(Plan::standard(&v).marker(), Marker::Keep);
+    }
+}
