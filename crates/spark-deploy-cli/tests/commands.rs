@@ -403,7 +403,7 @@ fn watch_pause_resume_status_and_ctrl_c_exits_130() {
     assert!(v["watch"]["paused_until"].is_string(), "{v}");
 
     // Foreground: samples until Ctrl-C, then exits 130 with its state written.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_spark-deploy"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_spark-deploy"))
         .current_dir(d.path())
         .env_clear()
         .env("HOME", "/home/spark")
