@@ -292,7 +292,7 @@ async fn heal_row(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_sigkill_rank1_heals_the_pair() {
+async fn testbed_watch_sigkill_rank1_heals_the_pair() {
     on_testbed(|info, home| async move {
         let w = deploy_and_watch(&info, &home, |_| {}).await?;
         w.run(async {
@@ -308,7 +308,7 @@ async fn watch_sigkill_rank1_heals_the_pair() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_sigkill_rank0_heals_the_pair() {
+async fn testbed_watch_sigkill_rank0_heals_the_pair() {
     on_testbed(|info, home| async move {
         let w = deploy_and_watch(&info, &home, |_| {}).await?;
         w.run(async {
@@ -339,7 +339,7 @@ async fn watch_sigkill_rank0_heals_the_pair() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_sigstop_rank1_under_load_is_a_wedge() {
+async fn testbed_watch_sigstop_rank1_under_load_is_a_wedge() {
     on_testbed(|info, home| async move {
         let w = deploy_and_watch(&info, &home, |_| {}).await?;
         w.run(async {
@@ -363,7 +363,7 @@ async fn watch_sigstop_rank1_under_load_is_a_wedge() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_standin_wedge_under_load_with_the_default_wedge_s() {
+async fn testbed_watch_standin_wedge_under_load_with_the_default_wedge_s() {
     on_testbed(|info, home| async move {
         let w = deploy_and_watch(&info, &home, |c| {
             let d = spark_deploy_core::config::WatchSection::default();
@@ -395,7 +395,7 @@ async fn watch_standin_wedge_under_load_with_the_default_wedge_s() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_memory_floor_on_the_worker_stops_and_restarts_the_pair() {
+async fn testbed_watch_memory_floor_on_the_worker_stops_and_restarts_the_pair() {
     on_testbed(|info, home| async move {
         let w = deploy_and_watch(&info, &home, |_| {}).await?;
         w.run(async {
@@ -441,7 +441,7 @@ async fn watch_memory_floor_on_the_worker_stops_and_restarts_the_pair() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_worker_container_restarted_brings_the_pair_back() {
+async fn testbed_watch_worker_container_restarted_brings_the_pair_back() {
     on_testbed(|info, home| async move {
         let w = deploy_and_watch(&info, &home, |_| {}).await?;
         w.run(async {
@@ -464,7 +464,7 @@ async fn watch_worker_container_restarted_brings_the_pair_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_worker_sshd_stopped_20_s_is_reported_never_healed() {
+async fn testbed_watch_worker_sshd_stopped_20_s_is_reported_never_healed() {
     on_testbed(|info, home| async move {
         let w = deploy_and_watch(&info, &home, |_| {}).await?;
         w.run(async {
@@ -516,7 +516,7 @@ async fn watch_worker_sshd_stopped_20_s_is_reported_never_healed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_crash_loop_hits_the_flap_limit_and_stays_down() {
+async fn testbed_watch_crash_loop_hits_the_flap_limit_and_stays_down() {
     on_testbed(|info, home| async move {
         let w = deploy_and_watch(&info, &home, |c| {
             c.engine

@@ -137,9 +137,12 @@ impl Finding {
                 frozen_s,
                 running,
                 probe,
-            } => format!(
+            } if *frozen_s > 0.0 => format!(
                 "wedged: {running:.0} request(s) running and no token for {frozen_s:.0} s; the 1-token probe failed: {probe}"
             ),
+            Self::Wedge { probe, .. } => {
+                format!("not answering: the idle 1-token probe failed: {probe}")
+            }
             Self::WedgeUnconfirmed { frozen_s, why } => {
                 format!("no token for {frozen_s:.0} s, not a wedge: {why}")
             }
@@ -660,7 +663,12 @@ mod tests {
             ms: 20_000,
             detail: "HTTP 500: PeerDown".into(),
         });
-        assert!(matches!(decide(&w, &t()), Finding::Wedge { .. }));
+        let f = decide(&w, &t());
+        assert!(matches!(f, Finding::Wedge { .. }));
+        assert_eq!(
+            f.describe(),
+            "not answering: the idle 1-token probe failed: HTTP 500: PeerDown"
+        );
     }
 
     #[test]
