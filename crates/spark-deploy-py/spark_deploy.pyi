@@ -193,13 +193,20 @@ class Deployment:
     def status(self) -> dict[str, Any]:
         """The deployment's state: ``overall``, ``served``, ``served_error`` and ``ranks`` (one dict per
         rank: ``rank``, ``node``, ``container``, ``state``, ``started_at``, ``fingerprint``,
-        ``mem_available_gib``)."""
+        ``mem_available_gib``), ``watch`` (the supervisor's state, stop marker, pause lease)."""
     def logs(self, rank: int = 0, tail: int | None = 200) -> str:
         """The engine log of one rank's container ("" when it does not exist)."""
     def stop(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Stop every rank, rank 0 first, saving logs. Raises StopError."""
     def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Stop both ranks and start both again in one run (Stop + the standard plan)."""
+    def watch(
+        self,
+        on_event: Callable[[_Event], object] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        """Supervise the running pair until cancelled (``cancel`` set, or Ctrl-C, which raises
+        KeyboardInterrupt): samples, decisions and heals of both ranks or neither, as events."""
     def validate(
         self,
         only: list[str] = ...,

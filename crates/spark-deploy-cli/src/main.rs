@@ -32,7 +32,7 @@ builds each rank's weight file, gives the worker its inputs (NFS or copy), build
 starts both ranks and smoke-tests the API; steps whose work is done are skipped.
 
 Usual order: `init`, `config check`, `plan` (touches nothing), `preflight`, `up`; then `status`,
-`logs`, `api-key`, `restart`, `down`. `demo` does it all on a testbed (two Sparks on this machine).";
+`logs`, `api-key`, `watch`, `restart`, `down`. `demo` does it all on a testbed (two Sparks on this machine).";
 
 /// Deploy one large model across NVIDIA DGX Sparks (one tensor-parallel rank per Spark) and serve
 /// it through an OpenAI-compatible API on the head.
@@ -103,6 +103,9 @@ enum Command {
     /// Deploy onto the testbed (two Sparks on this machine) in one command.
     #[cfg(feature = "testbed")]
     Demo,
+    /// Supervise the running pair: samples every node, heals both ranks or neither (see
+    /// docs/operations.md, "Watch"); `watch pause 30m`, `watch resume`.
+    Watch(commands::watch::WatchArgs),
     /// Run the whole deployment: preflight, fetch, rank inputs, worker storage, image, launch, smoke.
     Up(commands::run::RunArgs),
     /// Stop every rank (rank 0 first), saving logs.
@@ -203,6 +206,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => commands::bench::run(&global, &args),
         #[cfg(feature = "testbed")]
         Command::Demo => commands::demo::run(&global),
+        Command::Watch(args) => commands::watch::run(&global, &args),
         Command::Up(args) => commands::run::run_with(&global, commands::run::Which::Up, &args),
         Command::Down(args) => commands::run::run_with(&global, commands::run::Which::Down, &args),
         Command::Prepare => commands::run::run(&global, commands::run::Which::Prepare),

@@ -428,3 +428,58 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
     let o = run(d.path(), &["up"], &[("DRY_RUN", "0")]);
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
 }
+
+#[test]
+fn watch_pause_resume_status_and_ctrl_c_exits_130() {
+    let d = tempfile::tempdir().unwrap();
+    unreachable_config(d.path());
+    let o = run(d.path(), &["watch", "pause", "30m"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("watch paused until"), "{}", stdout(&o));
+    assert!(d.path().join("watch/pause").is_file());
+    let o = run(d.path(), &["watch", "pause", "soon"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = run(d.path(), &["status", "--json"], &[]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["watch"]["state"], "not running");
+    assert!(v["watch"]["paused_until"].is_string(), "{v}");
+
+    // Foreground: samples until Ctrl-C, then exits 130 with its state written.
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_spark-deploy"))
+        .current_dir(d.path())
+        .env_clear()
+        .env("HOME", "/home/spark")
+        .env("PATH", "/usr/bin:/bin")
+        .args(["watch", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let state = d.path().join("watch/state.json");
+    let t = std::time::Instant::now();
+    while !d.path().join("watch/samples.jsonl").is_file() && t.elapsed().as_secs() < 20 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let pid = i32::try_from(child.id()).unwrap();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let events = stdout(&o);
+    assert!(
+        events.contains("\"supervisor\":\"watch\"") && events.contains("not acting: paused until"),
+        "{events}"
+    );
+    let st: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(st["state"], "exited");
+
+    let o = run(d.path(), &["watch", "resume"], &[]);
+    assert!(o.status.success());
+    assert!(!d.path().join("watch/pause").exists());
+}

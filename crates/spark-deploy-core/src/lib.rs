@@ -17,7 +17,8 @@
 //! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the shared [`digest`],
 //!    [`backoff`], [`commit`] and [`safetensors_header`] helpers, the engine's data
 //!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
-//!    files (`lifecycle::{lock, api_key, logs}`), the serving API's client ([`api`]),
+//!    files (`lifecycle::{lock, api_key, logs, log_time, watch_state}`), the serving API's client
+//!    ([`api`]),
 //!    a small PNG canvas ([`raster`]).
 //! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
 //!    (plan descriptions), `lifecycle::launch_record`, `lifecycle::generations`.
@@ -28,8 +29,9 @@
 //! 6. [`plan`] — plans composed of steps; [`export`] — the plan as a Kubernetes
 //!    `LeaderWorkerSet` or per-node compose files.
 //! 7. [`run`] — running a plan: both ranks or neither, the run report.
-//! 8. [`lifecycle`] (status and what acts on running deployments), [`validate`] and [`bench`]
-//!    (what is served, and how fast, through the API), [`upgrade`] (a new generation beside the
+//! 8. [`lifecycle`] (status and what acts on running deployments), [`supervise`] (`watch`:
+//!    samples, pure decisions, heals of both ranks or neither), [`validate`] and [`bench`] (what
+//!    is served, and how fast, through the API), [`upgrade`] (a new generation beside the
 //!    serving one, accepted or rolled back).
 //! 9. [`error`] — the crate-level error.
 
@@ -61,6 +63,7 @@ pub mod run;
 pub mod safetensors_header;
 pub mod secret;
 pub mod steps;
+pub mod supervise;
 pub mod transfer;
 pub mod upgrade;
 pub mod validate;

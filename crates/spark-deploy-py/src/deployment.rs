@@ -187,7 +187,8 @@ impl Deployment {
     ///     ``down`` or ``degraded``), ``served`` (model ids, or None), ``served_error`` (why they
     ///     could not be read, or None) and ``ranks``: one dict per rank with ``rank``, ``node``,
     ///     ``container``, ``state`` (``running``, ``exited``, ``absent`` or an error),
-    ///     ``started_at``, ``fingerprint``, ``mem_available_gib``.
+    ///     ``started_at``, ``fingerprint``, ``mem_available_gib``; ``watch``: the supervisor's
+    ///     ``state``, ``reason``, ``paused_until``, ``stop_marker``, ``heals_last_hour``, ``pid``.
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let config = self.validated.clone();
         let s = events::block(py, async move {
@@ -205,8 +206,48 @@ impl Deployment {
                 "served": served,
                 "served_error": served_error,
                 "ranks": s.ranks,
+                "watch": s.watch,
             }),
         )
+    }
+
+    /// Supervises the running pair until cancelled, as ``spark-deploy watch`` does
+    /// (docs/operations.md, "Watch"): samples every node, heals both ranks or neither, at most
+    /// ``watch.max_heals_per_hour`` times, never a pair stopped by ``stop()``.
+    ///
+    /// Args:
+    ///     on_event: called on this thread with each event dict (samples, decisions and actions,
+    ///         ``source == {"supervisor": "watch"}``, and the steps of a heal); None to ignore.
+    ///     cancel: a ``threading.Event``; setting it ends the watch.
+    ///
+    /// Raises:
+    ///     KeyboardInterrupt: on Ctrl-C, after the watch (and any heal in progress) ended.
+    ///     SparkDeployError: the watch directory under the state directory cannot be written.
+    #[pyo3(signature = (on_event=None, cancel=None))]
+    fn watch<'py>(
+        &self,
+        py: Python<'py>,
+        on_event: Option<Bound<'py, PyAny>>,
+        cancel: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        let (sink, tx, rx) = events::channel_sink::<Result<(), String>>();
+        let ctx = Arc::new(Context::new(self.validated.clone(), Arc::new(sink)));
+        let run_ctx = ctx.clone();
+        let work = move || async move {
+            spark_deploy_core::supervise::watch(&run_ctx)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        events::drive(
+            py,
+            rx,
+            tx,
+            work,
+            on_event.as_ref(),
+            cancel.as_ref(),
+            &|| ctx.cancel(),
+        )?
+        .map_err(crate::errors::SparkDeployError::new_err)
     }
 
     /// Checks what the deployment serves through its API (docs/validate-and-bench.md).

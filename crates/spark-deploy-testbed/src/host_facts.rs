@@ -4,6 +4,10 @@
 //! real `mtu` file, linked) carries a ConnectX-7-like RoCE device with a RoCE v2 GID for the
 //! node's real fabric address.
 //!
+//! Each node's `meminfo` is read below its `proc_root` setting: `proc/meminfo` in the facts
+//! directory, a link to the node's real `/proc/meminfo` until a test lowers it
+//! ([`lower_meminfo`]) — the same Exec read preflight, `status` and `watch` make on a Spark.
+//!
 //! Preflight reads them exactly as on a Spark: the worker's `nvidia-smi` is on its default PATH
 //! (`/usr/local/bin`), the head's is found through the head's `path` setting (the head is this
 //! machine, whose own PATH is left alone), and both nodes' sysfs through their `sysfs_root`
@@ -34,6 +38,8 @@ pub const CLOCK_FILE: &str = "nvidia-smi-q-clock.txt";
 pub const NAMES_FILE: &str = "gpu-names.txt";
 /// The compute processes (`--query-compute-apps=...`; empty: the GPU is idle).
 pub const APPS_FILE: &str = "compute-apps.csv";
+/// Power draw and utilisation per GPU (`--query-gpu=power.draw,utilization.gpu`), idle.
+pub const POWER_FILE: &str = "gpu-power.csv";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -53,6 +59,56 @@ pub fn sysfs_root(info: &TestbedInfo, index: usize) -> PathBuf {
     facts_dir(info, index).join("sys")
 }
 
+/// The procfs of node `index` as its `proc_root` setting names it.
+#[must_use]
+pub fn proc_root(info: &TestbedInfo, index: usize) -> PathBuf {
+    facts_dir(info, index).join("proc")
+}
+
+/// Makes node `index`'s `meminfo` the real one (a link to `/proc/meminfo`, read on the node).
+///
+/// # Errors
+///
+/// File-system errors.
+pub fn restore_meminfo(info: &TestbedInfo, index: usize) -> std::io::Result<()> {
+    link_meminfo(&proc_root(info, index))
+}
+
+fn link_meminfo(proc: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(proc)?;
+    let f = proc.join("meminfo");
+    match std::fs::remove_file(&f) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::os::unix::fs::symlink("/proc/meminfo", f)
+}
+
+/// Gives node `index` a `meminfo` whose `MemAvailable` is `available_gib` (the rest as this
+/// machine's), as a host process taking memory would.
+///
+/// # Errors
+///
+/// File-system errors.
+pub fn lower_meminfo(info: &TestbedInfo, index: usize, available_gib: f64) -> std::io::Result<()> {
+    let real = std::fs::read_to_string("/proc/meminfo")?;
+    let kib = (available_gib * 1024.0 * 1024.0) as u64;
+    let text: String = real
+        .lines()
+        .map(|l| {
+            if l.starts_with("MemAvailable:") {
+                format!("MemAvailable:   {kib} kB\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    let f = proc_root(info, index).join("meminfo");
+    let tmp = f.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(tmp, f)
+}
+
 /// Points a deployment config at the facts the testbed's hosts present: every node's
 /// `sysfs_root`, the head's `path` (its `nvidia-smi`), and the container runtime the ranks use —
 /// the testbed's daemon has no NVIDIA runtime, and the stand-in engine needs no GPU, so its ranks
@@ -61,6 +117,7 @@ pub fn configure(info: &TestbedInfo, config: &mut DeploymentConfig) {
     config.engine.runtime = "runc".into();
     for (i, node) in config.nodes.iter_mut().enumerate() {
         node.sysfs_root = sysfs_root(info, i).display().to_string();
+        node.proc_root = proc_root(info, i).display().to_string();
         if i == 0 {
             node.path = vec![facts_dir(info, 0).join("bin").display().to_string()];
         }
@@ -89,6 +146,7 @@ case "$*" in
 "-q -d CLOCK") exec cat "$d/{CLOCK_FILE}" ;;
 "--query-gpu=name --format=csv,noheader") exec cat "$d/{NAMES_FILE}" ;;
 "--query-compute-apps=pid,process_name,used_memory --format=csv,noheader") exec cat "$d/{APPS_FILE}" ;;
+"--query-gpu=power.draw,utilization.gpu --format=csv,noheader,nounits") exec cat "$d/{POWER_FILE}" ;;
 *) echo "nvidia-smi (testbed): no captured output for: $*" >&2; exit 2 ;;
 esac
 "#
@@ -167,13 +225,15 @@ async fn fabric_netdev(exec: &Exec, node: &str, peer: Ipv4Addr) -> Result<String
         .dev)
 }
 
-/// Writes node `index`'s facts: its `nvidia-smi` and GPU outputs, and a sysfs tree with one
-/// ACTIVE rail on its fabric netdev.
+/// Writes node `index`'s facts: its `nvidia-smi` and GPU outputs, its `meminfo` (linked to the
+/// real one), and a sysfs tree with one ACTIVE rail on its fabric netdev.
 fn write_node(dir: &Path, addr: Ipv4Addr, netdev: &str) -> Result<(), BoxError> {
     fs_err::create_dir_all(dir.join("bin"))?;
     fs_err::write(dir.join(CLOCK_FILE), SMI_CLOCK)?;
     fs_err::write(dir.join(NAMES_FILE), gpu_names())?;
     fs_err::write(dir.join(APPS_FILE), "")?;
+    fs_err::write(dir.join(POWER_FILE), "41.20, 0\n38.50, 0\n")?;
+    link_meminfo(&dir.join("proc"))?;
     let smi = dir.join("bin/nvidia-smi");
     fs_err::write(&smi, smi_script(dir))?;
     fs_err::set_permissions(&smi, std::fs::Permissions::from_mode(0o755))?;

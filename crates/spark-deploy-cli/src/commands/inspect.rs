@@ -55,6 +55,28 @@ pub(crate) fn run_status(global: &Global) -> Result<(), Failure> {
             Ok(ids) => out.push_str(&format!("  serving: {}\n", ids.join(", "))),
             Err(e) => out.push_str(&format!("  API: {e}\n")),
         }
+        let w = &s.watch;
+        out.push_str(&format!(
+            "  watch: {}{} — {}{}{}\n",
+            w.state,
+            w.pid.map(|p| format!(" (pid {p})")).unwrap_or_default(),
+            w.reason,
+            w.paused_until
+                .as_ref()
+                .filter(|_| !w.reason.contains("paused until"))
+                .map(|u| format!("; paused until {u}"))
+                .unwrap_or_default(),
+            if w.heals_last_hour > 0 {
+                format!("; {} heal(s) in the last hour", w.heals_last_hour)
+            } else {
+                String::new()
+            },
+        ));
+        if let Some(m) = &w.stop_marker {
+            out.push_str(&format!(
+                "  stop marker: {m} (`spark-deploy up` removes it)\n"
+            ));
+        }
         render::out(&out);
     }
     if s.overall == "running" {

@@ -14,6 +14,7 @@ pub(crate) mod run;
 pub(crate) mod testbed;
 pub(crate) mod upgrade;
 pub(crate) mod validate;
+pub(crate) mod watch;
 
 use std::path::{Path, PathBuf};
 

@@ -15,7 +15,8 @@ pub mod validate;
 use std::path::{Path, PathBuf};
 
 pub use schema::{
-    ApiAuth, DeploymentConfig, EngineProfileName, NodeConfig, PreparePolicy, WorkerStorage,
+    ApiAuth, DeploymentConfig, EngineProfileName, HealPolicy, NodeConfig, PreparePolicy,
+    WatchSection, WorkerStorage,
 };
 pub use validate::{ConfigWarning, FieldProblem, ValidatedConfig, validate};
 

@@ -47,6 +47,8 @@ pub struct DeploymentConfig {
     pub storage: StorageSection,
     /// Memory, logs, timeouts and the prepare policy.
     pub lifecycle: LifecycleSection,
+    /// What `spark-deploy watch` samples, when it acts and how.
+    pub watch: WatchSection,
     /// The nodes, head first; one tensor-parallel rank per node.
     pub nodes: Vec<NodeConfig>,
 }
@@ -61,6 +63,7 @@ impl Default for DeploymentConfig {
             engine: EngineSection::default(),
             storage: StorageSection::default(),
             lifecycle: LifecycleSection::default(),
+            watch: WatchSection::default(),
             nodes: vec![
                 NodeConfig::head(),
                 NodeConfig::worker("worker-1", "spark-2"),
@@ -377,6 +380,51 @@ impl Default for LifecycleSection {
     }
 }
 
+/// `[watch]`: the supervisor of a running pair (`spark-deploy watch`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WatchSection {
+    /// Seconds between two samples.
+    pub interval_s: f64,
+    /// Seconds with requests running and the token counter frozen before a wedge is suspected
+    /// (then confirmed by a failing 1-token probe).
+    pub wedge_s: f64,
+    /// Seconds without requests after which a 1-token probe is sent (then again as often).
+    pub probe_idle_s: f64,
+    /// Seconds a 1-token probe may take before it counts as failed.
+    pub probe_timeout_s: f64,
+    /// `MemAvailable` floor on any node, GiB: below it the pair is stopped before the node wedges.
+    pub memory_floor_gib: f64,
+    /// What a heal does after stopping both ranks: start them again, or stay down.
+    pub heal: HealPolicy,
+    /// Heals allowed within one hour; the next finding stops the pair and it stays down.
+    pub max_heals_per_hour: u32,
+}
+
+impl Default for WatchSection {
+    fn default() -> Self {
+        Self {
+            interval_s: 2.0,
+            wedge_s: 30.0,
+            probe_idle_s: 60.0,
+            probe_timeout_s: 20.0,
+            memory_floor_gib: 3.0,
+            heal: HealPolicy::Restart,
+            max_heals_per_hour: 3,
+        }
+    }
+}
+
+/// `watch.heal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealPolicy {
+    /// Stop both ranks, then start rank 1, rank 0, and smoke.
+    Restart,
+    /// Stop both ranks and stay down.
+    Stop,
+}
+
 /// `PREPARE`: how `up` and `restart` treat the preparation steps (FetchCheckpoint,
 /// BuildRankCache, ConfigureWorkerStorage, BuildImage). `spark-deploy prepare` always prepares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -446,6 +494,9 @@ pub struct NodeConfig {
     /// Where the node's sysfs is read (fabric netdev MTU, RoCE devices and GID tables).
     #[serde(default = "default_sysfs_root")]
     pub sysfs_root: String,
+    /// Where the node's procfs is read (`meminfo` for preflight, `status` and `watch`).
+    #[serde(default = "default_proc_root")]
+    pub proc_root: String,
 }
 
 fn default_network_mode() -> String {
@@ -459,6 +510,9 @@ fn default_data_dir() -> String {
 }
 fn default_sysfs_root() -> String {
     "/sys".into()
+}
+fn default_proc_root() -> String {
+    "/proc".into()
 }
 
 impl NodeConfig {
@@ -489,7 +543,14 @@ impl NodeConfig {
             image: String::new(),
             path: Vec::new(),
             sysfs_root: default_sysfs_root(),
+            proc_root: default_proc_root(),
         }
+    }
+
+    /// The node's `meminfo` file (below its `proc_root`).
+    #[must_use]
+    pub fn meminfo_path(&self) -> std::path::PathBuf {
+        std::path::Path::new(self.proc_root.trim_end_matches('/')).join("meminfo")
     }
 
     /// Whether this node is the machine the tool runs on.

@@ -424,6 +424,43 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     );
     c.range("lifecycle.stop_timeout_s", l.stop_timeout_s, 1, 3600, "");
 
+    // [watch]
+    let w = &config.watch;
+    c.range("watch.interval_s", w.interval_s, 0.2, 60.0, " seconds");
+    c.range("watch.wedge_s", w.wedge_s, 1.0, 3600.0, " seconds");
+    c.range(
+        "watch.probe_idle_s",
+        w.probe_idle_s,
+        1.0,
+        86_400.0,
+        " seconds",
+    );
+    c.range(
+        "watch.probe_timeout_s",
+        w.probe_timeout_s,
+        1.0,
+        600.0,
+        " seconds",
+    );
+    c.range(
+        "watch.memory_floor_gib",
+        w.memory_floor_gib,
+        0.0,
+        128.0,
+        " GiB (a Spark has 128 GB)",
+    );
+    c.range("watch.max_heals_per_hour", w.max_heals_per_hour, 0, 60, "");
+    if w.wedge_s < 2.0 * w.interval_s {
+        c.refuse(
+            "watch.wedge_s",
+            w.wedge_s,
+            format!(
+                "at least two samples: >= 2 × watch.interval_s ({})",
+                2.0 * w.interval_s
+            ),
+        );
+    }
+
     // [storage]
     if config.storage.nfs_volume.is_empty() {
         c.refuse(
@@ -528,6 +565,13 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
                 "an absolute path on the node (\"/sys\")",
             );
         }
+        if !Path::new(&node.proc_root).is_absolute() {
+            c.refuse(
+                format!("{p}.proc_root"),
+                format!("{:?}", node.proc_root),
+                "an absolute path on the node (\"/proc\")",
+            );
+        }
         for dir in &node.path {
             if !Path::new(dir).is_absolute() || dir.contains(':') {
                 c.refuse(
@@ -625,6 +669,30 @@ mod tests {
             Err(ConfigError::Invalid { problems }) => problems[0].field.clone(),
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn watch_fields_are_checked_by_name() {
+        assert_eq!(
+            refused_field(|c| c.watch.interval_s = 0.0),
+            "watch.interval_s"
+        );
+        assert_eq!(
+            refused_field(|c| c.watch.memory_floor_gib = -1.0),
+            "watch.memory_floor_gib"
+        );
+        assert_eq!(
+            refused_field(|c| c.watch.max_heals_per_hour = 61),
+            "watch.max_heals_per_hour"
+        );
+        assert_eq!(refused_field(|c| c.watch.wedge_s = 3.0), "watch.wedge_s");
+        assert_eq!(
+            refused_field(|c| c.nodes[1].proc_root = "proc".into()),
+            "nodes[1].proc_root"
+        );
+        let mut raw = DeploymentConfig::default();
+        raw.watch.heal = crate::config::HealPolicy::Stop;
+        assert!(validate(raw, Path::new("/home/u")).is_ok());
     }
 
     #[test]

@@ -10,3 +10,4 @@ pub mod log_time;
 pub mod logs;
 pub mod startup;
 pub mod status;
+pub mod watch_state;

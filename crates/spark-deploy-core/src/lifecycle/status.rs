@@ -1,7 +1,5 @@
 //! `status`: both ranks' containers, the served model, memory available on every node.
 
-use std::path::Path;
-
 use serde::Serialize;
 
 use crate::container::labels;
@@ -36,6 +34,8 @@ pub struct Status {
     pub served: Result<Vec<String>, String>,
     /// `running` when every rank runs and the API answers; else `down` or `degraded`.
     pub overall: String,
+    /// The supervisor (`spark-deploy watch`): its state, the stop marker, the pause lease.
+    pub watch: crate::supervise::WatchStatus,
 }
 
 /// Reads the state of every rank and the API.
@@ -59,7 +59,7 @@ pub async fn status(ctx: &Context) -> Status {
         }
         let mem_available_gib = match ctx.exec(rank).await {
             Ok(e) => e
-                .read_file(Path::new("/proc/meminfo"))
+                .read_file(&node.meminfo_path())
                 .await
                 .ok()
                 .and_then(|b| {
@@ -125,5 +125,6 @@ pub async fn status(ctx: &Context) -> Status {
         ranks,
         served,
         overall,
+        watch: crate::supervise::status(std::path::Path::new(&c.deployment.state_dir)),
     }
 }

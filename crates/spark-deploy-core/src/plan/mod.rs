@@ -15,6 +15,7 @@ pub use crate::describe::{Action, PlanDescription, StepDescription, render};
 use crate::engine::{self, Engine};
 pub use crate::event::StepKind;
 use crate::facts::DeploymentFacts;
+use crate::lifecycle::watch_state::Marker;
 use crate::steps::{
     BuildImage, BuildRankCache, ConfigureWorkerStorage, FetchCheckpoint, LaunchRank, Preflight,
     Smoke, Stop,
@@ -109,6 +110,7 @@ pub struct Plan {
     facts: DeploymentFacts,
     steps: Vec<Step>,
     prepare: PreparePolicy,
+    marker: Marker,
 }
 
 impl Plan {
@@ -148,6 +150,7 @@ impl Plan {
             facts,
             steps,
             prepare: config.config().lifecycle.prepare,
+            marker: Marker::Keep,
         }
     }
 
@@ -172,8 +175,16 @@ impl Plan {
 
     /// The plan of `verb` for `config` with the configured engine.
     #[must_use]
+    ///
+    /// `down` writes the watch stop marker when it succeeds (a pair the user stopped is never
+    /// healed); `up` and `restart` remove it.
     pub fn for_verb(config: &ValidatedConfig, verb: Verb) -> Self {
-        match verb {
+        let marker = match verb {
+            Verb::Down => Marker::Write,
+            Verb::Up | Verb::Restart => Marker::Clear,
+            Verb::Prepare | Verb::Preflight | Verb::Fetch | Verb::FetchVerifyOnly => Marker::Keep,
+        };
+        let mut plan = match verb {
             Verb::Up => Self::standard(config),
             Verb::Down => Self::teardown(config),
             Verb::Restart => Self::restart(config),
@@ -191,7 +202,15 @@ impl Plan {
                     FetchCheckpoint::new(config).verify_only(),
                 )],
             ),
-        }
+        };
+        plan.marker = marker;
+        plan
+    }
+
+    /// What the plan does to the watch stop marker when it succeeds.
+    #[must_use]
+    pub fn marker(&self) -> Marker {
+        self.marker
     }
 
     /// The engine the plan deploys.
@@ -210,6 +229,7 @@ impl Plan {
             facts,
             steps: vec![Step::Stop(Stop::new(config))],
             prepare: config.config().lifecycle.prepare,
+            marker: Marker::Keep,
         }
     }
 
@@ -267,6 +287,7 @@ impl Plan {
             facts,
             steps,
             prepare: self.prepare,
+            marker: self.marker,
         }
     }
 
@@ -285,6 +306,7 @@ impl Plan {
             facts: DeploymentFacts::placeholders(config),
             steps,
             prepare: config.config().lifecycle.prepare,
+            marker: Marker::Keep,
         }
     }
 
@@ -308,5 +330,31 @@ impl Plan {
             &self.facts,
             self.steps.iter().map(Step::describe).collect(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DeploymentConfig, validate};
+
+    #[test]
+    fn down_writes_the_watch_stop_marker_up_and_restart_remove_it() {
+        let v = validate(DeploymentConfig::default(), std::path::Path::new("/home/u")).unwrap();
+        let m = |verb| Plan::for_verb(&v, verb).marker();
+        assert_eq!(m(Verb::Down), Marker::Write);
+        assert_eq!(m(Verb::Up), Marker::Clear);
+        assert_eq!(m(Verb::Restart), Marker::Clear);
+        for verb in [
+            Verb::Prepare,
+            Verb::Preflight,
+            Verb::Fetch,
+            Verb::FetchVerifyOnly,
+        ] {
+            assert_eq!(m(verb), Marker::Keep);
+        }
+        // The supervisor's own plans leave it alone.
+        assert_eq!(Plan::teardown(&v).marker(), Marker::Keep);
+        assert_eq!(Plan::standard(&v).marker(), Marker::Keep);
     }
 }

@@ -237,6 +237,20 @@ impl Plan {
         {
             generation::record_serving(ctx).await;
         }
+        if let Err(e) =
+            crate::lifecycle::watch_state::WatchFiles::of(&state_dir).apply(self.marker())
+        {
+            ctx.emit(Event::Log {
+                source: self
+                    .steps()
+                    .last()
+                    .map_or(StepKind::Stop, Step::kind)
+                    .into(),
+                node: None,
+                level: crate::event::Level::Warn,
+                line: format!("the watch stop marker: {e}"),
+            });
+        }
         Ok(report)
     }
 }

@@ -15,11 +15,23 @@
 //! | `bad_image` | answers a request with images with empty content |
 //! | `lost_needle` | does not find the passphrase in a long prompt |
 //! | `draft_mismatch` | with drafts on, one token differs from the serial path's |
+//! | `wedge` | `/health` stays ok, `/metrics` counters freeze, every chat request hangs (a wedged pair) |
+//! | `crash_loop` | rank 1 exits [`CRASH_AFTER`] after it starts following (given to both ranks through `engine.env`, every launch crashes again) |
+//!
+//! Rank 0 also reads [`FAULT_FILE`] (a comma list in the same form, absent = none) while it
+//! serves, so a test turns a fault on at runtime by copying that file into the container
+//! (`docker cp`), with no shell in the image.
 
 use std::collections::HashMap;
 
 /// Env: the fault modes.
 pub const FAULT_ENV: &str = "TF_STANDIN_FAULT";
+
+/// The file inside rank 0's container naming faults turned on at runtime.
+pub const FAULT_FILE: &str = "/tmp/tf-standin-fault";
+
+/// How long rank 1 follows in `crash_loop` mode before it exits.
+pub const CRASH_AFTER: std::time::Duration = std::time::Duration::from_secs(8);
 
 /// One fault mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,11 +56,15 @@ pub enum Fault {
     LostNeedle,
     /// Drafted tokens differ from serial ones.
     DraftMismatch,
+    /// Health ok, counters frozen, requests hang.
+    Wedge,
+    /// Rank 1 exits soon after every start.
+    CrashLoop,
 }
 
 impl Fault {
     /// Every fault mode.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::WrongAnswer,
         Self::ThinkingLeak,
         Self::NoToolCall,
@@ -59,6 +75,8 @@ impl Fault {
         Self::BadImage,
         Self::LostNeedle,
         Self::DraftMismatch,
+        Self::Wedge,
+        Self::CrashLoop,
     ];
 
     /// The name in `TF_STANDIN_FAULT`.
@@ -75,6 +93,8 @@ impl Fault {
             Self::BadImage => "bad_image",
             Self::LostNeedle => "lost_needle",
             Self::DraftMismatch => "draft_mismatch",
+            Self::Wedge => "wedge",
+            Self::CrashLoop => "crash_loop",
         }
     }
 }
@@ -100,15 +120,16 @@ impl Faults {
     /// # Errors
     /// [`FaultError`] for an unknown name.
     pub fn from_env(env: &HashMap<String, String>) -> Result<Self, FaultError> {
+        Self::parse(env.get(FAULT_ENV).map(String::as_str).unwrap_or_default())
+    }
+
+    /// The faults of a comma list.
+    ///
+    /// # Errors
+    /// [`FaultError`] for an unknown name.
+    pub fn parse(list: &str) -> Result<Self, FaultError> {
         let mut out = Vec::new();
-        for name in env
-            .get(FAULT_ENV)
-            .map(String::as_str)
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-        {
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let f = Fault::ALL
                 .into_iter()
                 .find(|f| f.name() == name)

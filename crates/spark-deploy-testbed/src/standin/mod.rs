@@ -330,6 +330,9 @@ fn run_rank1(
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(300);
     let mut s = link::connect(a.master, a.port, Duration::from_secs(timeout))?;
+    if faults::Faults::from_env(env)?.has(faults::Fault::CrashLoop) {
+        crash_after(a.rank, faults::CRASH_AFTER);
+    }
     let follow = |out: &mut dyn Write, e: &LinkError| {
         let _ = writeln!(
             out,
@@ -401,6 +404,19 @@ fn run_rank1(
         }
         expected += 1;
     }
+}
+
+/// `crash_loop`: the process exits (code 3, one JSON line) `after` from now, like an engine that
+/// dies after every start.
+#[allow(clippy::exit)]
+fn crash_after(rank: u32, after: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "{{\"rank\": {rank}, \"crash\": \"crash_loop\"}}");
+        let _ = out.flush();
+        std::process::exit(3);
+    });
 }
 
 fn run_rank0(
@@ -524,6 +540,7 @@ async fn rank0_async(
         drafts: !a.no_drafts,
         perf,
         faults,
+        fault_file: Some(faults::FAULT_FILE.into()),
     };
     let listener = server::bind(&a.host, a.port).await?;
     let _ = writeln!(

@@ -37,8 +37,8 @@ fn tool(node: &NodeConfig, program: &str, args: &[&str]) -> Cmd {
 const MEM_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 const MEM_POLL: std::time::Duration = std::time::Duration::from_secs(5);
 
-async fn read_meminfo(exec: &Exec) -> Result<String, String> {
-    exec.read_file(Path::new("/proc/meminfo"))
+async fn read_meminfo(exec: &Exec, node: &NodeConfig) -> Result<String, String> {
+    exec.read_file(&node.meminfo_path())
         .await
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .map_err(|e| error_chain(&e))
@@ -115,7 +115,7 @@ async fn gather_docker_gpu(ctx: &Context, d: &crate::ports::docker::DockerNode, 
 async fn gather_memory(ctx: &Context, exec: &Exec, node: &NodeConfig, f: &mut NodeFacts) {
     let min_gib = ctx.config().config().lifecycle.min_avail_gib;
     let floor = u64::from(min_gib) << 30;
-    f.meminfo = read_meminfo(exec).await;
+    f.meminfo = read_meminfo(exec, node).await;
     let started = std::time::Instant::now();
     while let Some(avail) = below_floor(&f.meminfo, floor) {
         if started.elapsed() >= MEM_WAIT || ctx.is_cancelled() || ctx.is_dry_run() {
@@ -135,7 +135,7 @@ async fn gather_memory(ctx: &Context, exec: &Exec, node: &NodeConfig, f: &mut No
             () = tokio::time::sleep(MEM_POLL) => {}
             () = ctx.cancelled() => break,
         }
-        f.meminfo = read_meminfo(exec).await;
+        f.meminfo = read_meminfo(exec, node).await;
     }
 }
 

@@ -1,0 +1,571 @@
+//! The fault suite of `spark-deploy watch` on the testbed, one test per fault: the pair is
+//! deployed with the standard plan, the supervisor runs in the test's runtime, the fault is
+//! injected for real (signals through Docker, the stand-in's fault file, a lowered meminfo fact,
+//! a restarted worker container, a stopped sshd), and each test prints one row: detection time,
+//! action, time back to serving.
+//!
+//! Goals checked: a dead rank found within 5 s; a wedge within 30 s of its onset with the default
+//! `wedge_s`; serving again within the engine's load time + 10 s after detection; both ranks' logs
+//! saved for every heal; never one rank left running alone; a blip never healed.
+
+// An integration test: a failed unwrap or expect is the test failure, with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spark_deploy_core::config::{DeploymentConfig, ValidatedConfig, validate};
+use spark_deploy_core::event::{Event, Level, Recorder, Source};
+use spark_deploy_core::lifecycle::watch_state::WatchFiles;
+use spark_deploy_core::plan::{Plan, Verb};
+use spark_deploy_core::run::Context;
+use spark_deploy_core::supervise;
+use spark_deploy_testbed::cluster::TestbedInfo;
+use spark_deploy_testbed::host_facts;
+
+mod common;
+
+use common::testbed::{R, on_testbed};
+
+const RANK0: &str = "sd-testbed-rank0";
+const RANK1: &str = "sd-testbed-rank1";
+
+/// A deployed pair under a running supervisor.
+struct Watched {
+    _hub: spark_deploy_testbed::hub_server::HubServer,
+    v: ValidatedConfig,
+    rec: Recorder,
+    ctx: Arc<Context>,
+    key: String,
+}
+
+impl Watched {
+    fn files(&self) -> WatchFiles {
+        WatchFiles::of(Path::new(&self.v.config().deployment.state_dir))
+    }
+
+    /// The first supervisor event matching `f` after `skip` events, polled until `timeout`.
+    async fn wait(&self, timeout: Duration, f: impl Fn(&Event) -> bool) -> Option<Instant> {
+        let t = Instant::now();
+        while t.elapsed() < timeout {
+            if self
+                .rec
+                .events()
+                .iter()
+                .any(|e| matches!(e.source(), Source::Supervisor(_)) && f(e))
+            {
+                return Some(Instant::now());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.rec
+            .events()
+            .iter()
+            .filter(|e| matches!(e.source(), Source::Supervisor(_)))
+            .map(|e| match e {
+                Event::Log { line, .. } => line.clone(),
+                Event::Started { message, .. } => format!("started: {message}"),
+                Event::Failed { error, .. } => format!("failed: {error}"),
+                Event::Finished { duration_ms, .. } => format!("finished in {duration_ms} ms"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// Runs the supervisor while `scenario` runs (in this task: the plans it runs are not `Send`),
+    /// then cancels it and takes the pair down.
+    async fn run(&self, scenario: impl std::future::Future<Output = R<()>>) -> R<()> {
+        let scenario = async {
+            let r = async {
+                self.wait(
+                    Duration::from_secs(20),
+                    |e| matches!(e, Event::Log { line, .. } if line.starts_with("decision: ")),
+                )
+                .await
+                .ok_or("watch decided nothing")?;
+                scenario.await
+            }
+            .await;
+            self.ctx.cancel();
+            r
+        };
+        let (watched, r) = tokio::join!(supervise::watch(&self.ctx), scenario);
+        r?;
+        watched?;
+        Plan::teardown(&self.v)
+            .run(&Context::new(self.v.clone(), Arc::new(Recorder::default())))
+            .await?;
+        Ok(())
+    }
+}
+
+fn heal_started(e: &Event) -> bool {
+    matches!(e, Event::Started { message, .. } if message.starts_with("healing") || message.starts_with("stopping the pair"))
+}
+
+fn heal_finished(e: &Event) -> bool {
+    matches!(e, Event::Finished { .. })
+}
+
+/// Deploys the testbed pair (`tweak` applied to the config) and starts watching it.
+async fn deploy_and_watch(
+    info: &TestbedInfo,
+    home: &Path,
+    tweak: impl FnOnce(&mut DeploymentConfig),
+) -> R<Watched> {
+    let (hub, mut config) = spark_deploy_testbed::demo::prepare(info, home).await?;
+    config.watch.interval_s = 1.0;
+    config.watch.wedge_s = 6.0;
+    config.watch.probe_idle_s = 30.0;
+    config.watch.probe_timeout_s = 5.0;
+    tweak(&mut config);
+    let v = validate(config, home)?;
+    // A fresh watch history per test (the flap count lives in it).
+    let _ = std::fs::remove_dir_all(Path::new(&v.config().deployment.state_dir).join("watch"));
+    Plan::for_verb(&v, Verb::Up)
+        .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
+        .await?;
+    let key =
+        spark_deploy_core::lifecycle::api_key::read(Path::new(&v.config().serving.api_key_file))?
+            .expose()
+            .to_owned();
+    let rec = Recorder::default();
+    let ctx = Arc::new(Context::new(v.clone(), Arc::new(rec.clone())));
+    Ok(Watched {
+        _hub: hub,
+        v,
+        rec,
+        ctx,
+        key,
+    })
+}
+
+fn docker(args: &[&str]) -> R<String> {
+    let o = std::process::Command::new("docker").args(args).output()?;
+    if !o.status.success() {
+        return Err(format!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+}
+
+fn running(name: &str) -> bool {
+    docker(&["inspect", "-f", "{{.State.Running}}", name]).is_ok_and(|s| s == "true")
+}
+
+async fn chat_ok(key: &str, timeout: Duration) -> bool {
+    let r = reqwest::Client::new()
+        .post("http://127.0.0.1:8888/v1/chat/completions")
+        .bearer_auth(key)
+        .timeout(timeout)
+        .json(&serde_json::json!({"model": "DeepSeek-V4.1-Flash-1017", "messages": [{"role": "user", "content": "What is 6*7?"}], "max_tokens": 8, "chat_template_kwargs": {"enable_thinking": false}}))
+        .send()
+        .await;
+    matches!(r, Ok(r) if r.status().is_success())
+}
+
+/// Requests in a loop (two at a time) until dropped: requests are running most of the time.
+fn load(key: &str) -> tokio::task::JoinHandle<()> {
+    let key = key.to_owned();
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let one = |client: reqwest::Client, key: String| async move {
+            loop {
+                let _ = client
+                    .post("http://127.0.0.1:8888/v1/chat/completions")
+                    .bearer_auth(&key)
+                    .timeout(Duration::from_secs(90))
+                    .json(&serde_json::json!({"model": "DeepSeek-V4.1-Flash-1017", "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 400, "ignore_eos": true, "chat_template_kwargs": {"enable_thinking": false}}))
+                    .send()
+                    .await
+                    .map(|r| r.bytes());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::join!(one(client.clone(), key.clone()), one(client, key));
+    })
+}
+
+/// Rank 1's load time as the engine reports it (`loaded_s`).
+fn loaded_s() -> f64 {
+    docker(&["logs", RANK1])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|j| j["loaded_s"].as_f64())
+        .unwrap_or(0.0)
+}
+
+/// The heal directories (each must hold both ranks' logs).
+fn heal_dirs(w: &Watched) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(w.files().heals())
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn assert_logs_saved(w: &Watched, heals: usize) {
+    let dirs = heal_dirs(w);
+    assert_eq!(dirs.len(), heals, "{dirs:?}");
+    for d in dirs {
+        for rank in 0..2 {
+            let f = d.join(format!("rank{rank}.log"));
+            assert!(f.is_file(), "{} missing", f.display());
+        }
+        assert!(d.join("finding.json").is_file());
+    }
+}
+
+fn row(fault: &str, detected: Option<f64>, action: &str, serving: Option<f64>) {
+    let s = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| format!("{v:.1} s"));
+    eprintln!(
+        "FAULT-ROW | {fault} | {} | {action} | {} |",
+        s(detected),
+        s(serving)
+    );
+}
+
+/// Injects `fault` at t0, waits for the heal to start and finish; checks the goals.
+async fn heal_row(
+    w: &Watched,
+    fault: &str,
+    detect_goal: f64,
+    inject: impl AsyncFnOnce() -> R<()>,
+) -> R<()> {
+    let t0 = Instant::now();
+    inject().await?;
+    let started = w
+        .wait(Duration::from_secs(90), heal_started)
+        .await
+        .ok_or_else(|| format!("{fault}: no heal: {:#?}", w.lines()))?;
+    let detected = started.duration_since(t0).as_secs_f64();
+    let finished = w
+        .wait(Duration::from_secs(180), heal_finished)
+        .await
+        .ok_or_else(|| format!("{fault}: the heal did not finish: {:#?}", w.lines()))?;
+    let back = finished.duration_since(t0).as_secs_f64();
+    assert!(
+        chat_ok(&w.key, Duration::from_secs(20)).await,
+        "{fault}: not serving after the heal"
+    );
+    assert!(
+        running(RANK0) && running(RANK1),
+        "{fault}: both ranks run after the heal"
+    );
+    let load = loaded_s();
+    let why = w
+        .lines()
+        .into_iter()
+        .find_map(|l| {
+            l.strip_prefix("started: healing the pair: ")
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    row(
+        fault,
+        Some(detected),
+        &format!("heal (stop 0,1; start 1,0; smoke) on: {why}"),
+        Some(back),
+    );
+    assert!(
+        detected <= detect_goal,
+        "{fault}: detected after {detected:.1} s (goal {detect_goal} s): {:#?}",
+        w.lines()
+    );
+    assert!(
+        back - detected <= load + 10.0 + 5.0,
+        "{fault}: serving again {:.1} s after detection (engine load {load:.1} s + 10 s, + 5 s stop grace)",
+        back - detected
+    );
+    assert_logs_saved(w, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_watch_sigkill_rank1_heals_the_pair() {
+    on_testbed(|info, home| async move {
+        let w = deploy_and_watch(&info, &home, |_| {}).await?;
+        w.run(async {
+            heal_row(&w, "SIGKILL rank 1", 5.0, async || {
+                docker(&["kill", "-s", "KILL", RANK1]).map(|_| ())
+            })
+            .await?;
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_watch_sigkill_rank0_heals_the_pair() {
+    on_testbed(|info, home| async move {
+        let w = deploy_and_watch(&info, &home, |_| {}).await?;
+        w.run(async {
+            heal_row(&w, "SIGKILL rank 0", 5.0, async || {
+                docker(&["kill", "-s", "KILL", RANK0]).map(|_| ())
+            })
+            .await?;
+            // Then the user stops the pair: `down` writes the stop marker and watch never heals.
+            Plan::for_verb(&w.v, Verb::Down)
+                .run(&Context::new(w.v.clone(), Arc::new(Recorder::default())))
+                .await?;
+            w.wait(Duration::from_secs(10), |e| {
+                matches!(e, Event::Log { line, .. } if line.contains("stop marker, not healing: stopped by the user (down)"))
+            })
+            .await
+            .ok_or_else(|| format!("watch did not see the user's down: {:#?}", w.lines()))?;
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let heals = w.rec.events().iter().filter(|e| heal_started(e)).count();
+            assert_eq!(heals, 1, "the user's down is not healed: {:#?}", w.lines());
+            assert!(!running(RANK0) && !running(RANK1));
+            let st = supervise::status(Path::new(&w.v.config().deployment.state_dir));
+            assert_eq!(st.stop_marker.as_deref(), Some("stopped by the user (down)"));
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_watch_sigstop_rank1_under_load_is_a_wedge() {
+    on_testbed(|info, home| async move {
+        let w = deploy_and_watch(&info, &home, |_| {}).await?;
+        w.run(async {
+            let l = load(&w.key);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            // Requests already past their round trip to rank 1 finish first: the counter freezes
+            // seconds after the signal, then wedge_s = 6 applies; the goal is the wedge goal, 30 s.
+            heal_row(
+                &w,
+                "SIGSTOP rank 1 under load (wedge_s = 6)",
+                30.0,
+                async || docker(&["kill", "-s", "STOP", RANK1]).map(|_| ()),
+            )
+            .await?;
+            l.abort();
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_watch_standin_wedge_under_load_with_the_default_wedge_s() {
+    on_testbed(|info, home| async move {
+        let w = deploy_and_watch(&info, &home, |c| {
+            let d = spark_deploy_core::config::WatchSection::default();
+            c.watch.wedge_s = d.wedge_s;
+            c.watch.probe_timeout_s = d.probe_timeout_s;
+        })
+        .await?;
+        w.run(async {
+            let l = load(&w.key);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let fault = tempfile::NamedTempFile::new()?;
+            std::fs::write(fault.path(), "wedge\n")?;
+            let src = fault.path().display().to_string();
+            heal_row(
+                &w,
+                "stand-in wedge under load (default wedge_s = 30)",
+                30.0 + 2.0,
+                async || {
+                    docker(&["cp", &src, &format!("{RANK0}:/tmp/tf-standin-fault")]).map(|_| ())
+                },
+            )
+            .await?;
+            l.abort();
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_watch_memory_floor_on_the_worker_stops_and_restarts_the_pair() {
+    on_testbed(|info, home| async move {
+        let w = deploy_and_watch(&info, &home, |_| {}).await?;
+        w.run(async {
+            let i2 = info.clone();
+            let t0 = Instant::now();
+            host_facts::lower_meminfo(&info, 1, 2.0)?;
+            let started = w
+                .wait(Duration::from_secs(30), heal_started)
+                .await
+                .ok_or_else(|| format!("no heal: {:#?}", w.lines()))?;
+            // The host process is gone once the pair is stopped: the node has its memory back.
+            host_facts::restore_meminfo(&i2, 1)?;
+            let finished = w
+                .wait(Duration::from_secs(180), heal_finished)
+                .await
+                .ok_or_else(|| format!("no finish: {:#?}", w.lines()))?;
+            let detected = started.duration_since(t0).as_secs_f64();
+            let back = finished.duration_since(t0).as_secs_f64();
+            let decision = w
+                .lines()
+                .into_iter()
+                .find(|l| l.contains("below the floor"))
+                .ok_or("no memory decision")?;
+            assert!(
+                decision.contains("worker-1") && decision.contains("largest host process"),
+                "{decision}"
+            );
+            assert!(chat_ok(&w.key, Duration::from_secs(20)).await);
+            assert!(running(RANK0) && running(RANK1));
+            assert!(detected <= 5.0, "{detected}");
+            assert_logs_saved(&w, 1);
+            row(
+                "memory floor on the worker (2.0 < 3 GiB)",
+                Some(detected),
+                "heal of the pair; process named",
+                Some(back),
+            );
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_watch_worker_container_restarted_brings_the_pair_back() {
+    on_testbed(|info, home| async move {
+        let w = deploy_and_watch(&info, &home, |_| {}).await?;
+        w.run(async {
+            let worker = info.workers[0].container.clone();
+            // The reboot of a Spark: its sshd comes back with the container; rank 1's container
+            // outlives it on a network namespace that is gone. Found by the rank's exit, or else by
+            // the idle probe (probe_idle_s = 30, probe_timeout_s = 5).
+            heal_row(
+                &w,
+                "worker container restarted (reboot)",
+                30.0 + 5.0 + 3.0,
+                async || docker(&["restart", "-t", "1", &worker]).map(|_| ()),
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_watch_worker_sshd_stopped_20_s_is_reported_never_healed() {
+    on_testbed(|info, home| async move {
+        let w = deploy_and_watch(&info, &home, |_| {}).await?;
+        w.run(async {
+            let worker = info.workers[0].container.clone();
+            let d = info.head_docker()?;
+            let t0 = Instant::now();
+            spark_deploy_testbed::cluster::worker::stop_sshd(&d, &worker).await?;
+            let mut served = 0;
+            let mut failed = 0;
+            while t0.elapsed() < Duration::from_secs(20) {
+                if chat_ok(&w.key, Duration::from_secs(5)).await {
+                    served += 1;
+                } else {
+                    failed += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            spark_deploy_testbed::cluster::worker::start_sshd(&d, &worker).await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let blip = w
+                .lines()
+                .into_iter()
+                .find(|l| l.contains("control-plane blip"));
+            assert!(
+                w.rec.events().iter().all(|e| !heal_started(e)),
+                "healed a blip: {:#?}",
+                w.lines()
+            );
+            assert_eq!(failed, 0, "rank 0 kept serving ({served} ok)");
+            assert!(running(RANK0) && running(RANK1));
+            row(
+                "worker sshd stopped 20 s while serving",
+                None,
+                &format!(
+                    "no heal; {} ({served} requests served meanwhile)",
+                    if blip.is_some() {
+                        "blip reported"
+                    } else {
+                        "the open SSH session kept answering"
+                    }
+                ),
+                Some(0.0),
+            );
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testbed_watch_crash_loop_hits_the_flap_limit_and_stays_down() {
+    on_testbed(|info, home| async move {
+        let w = deploy_and_watch(&info, &home, |c| {
+            c.engine
+                .env
+                .insert("TF_STANDIN_FAULT".into(), "crash_loop".into());
+            c.watch.max_heals_per_hour = 2;
+        })
+        .await?;
+        w.run(async {
+            let t0 = Instant::now();
+            let stopped = w
+            .wait(Duration::from_secs(240), |e| {
+                matches!(e, Event::Failed { error, .. } if error.contains("max_heals_per_hour"))
+            })
+            .await
+            .ok_or_else(|| format!("no flap stop: {:#?}", w.lines()))?;
+            let marker = w.files().read_stop().ok_or("no stop marker")?;
+            assert!(marker.contains("max_heals_per_hour = 2"), "{marker}");
+            assert!(!running(RANK0) && !running(RANK1), "both ranks down");
+            assert_logs_saved(&w, 3);
+            // It stays down: no heal while the marker is there.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            assert!(!running(RANK0) && !running(RANK1));
+            let status = supervise::status(Path::new(&w.v.config().deployment.state_dir));
+            assert_eq!(status.stop_marker.as_deref(), Some(marker.as_str()));
+            let levels = w
+                .rec
+                .events()
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e,
+                        Event::Log {
+                            level: Level::Error,
+                            ..
+                        }
+                    )
+                })
+                .count();
+            assert!(levels >= 3, "every finding that acted is an error event");
+            row(
+                "crash loop (rank 1 exits 8 s after start), max_heals_per_hour = 2",
+                Some(stopped.duration_since(t0).as_secs_f64()),
+                "2 heals, then stopped for good; stop marker written",
+                None,
+            );
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
