@@ -17,7 +17,7 @@
 //! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the shared [`digest`],
 //!    [`backoff`], [`commit`] and [`safetensors_header`] helpers, the engine's data
 //!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
-//!    files (`lifecycle::{lock, api_key, logs}`), the serving API's client ([`api`]),
+//!    files (`lifecycle::{lock, api_key, logs, startup, run_log}`), the serving API's client ([`api`]),
 //!    a small PNG canvas ([`raster`]).
 //! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
 //!    (plan descriptions), `lifecycle::launch_record`.
@@ -28,8 +28,9 @@
 //! 6. [`plan`] — plans composed of steps; [`export`] — the plan as a Kubernetes
 //!    `LeaderWorkerSet` or per-node compose files.
 //! 7. [`run`] — running a plan: both ranks or neither, the run report.
-//! 8. [`lifecycle`] (status and what acts on running deployments), [`validate`] and [`bench`]
-//!    (what is served, and how fast, through the API).
+//! 8. [`lifecycle`] (status and what acts on running deployments), [`service`] (the systemd
+//!    units that bring the pair back after a reboot, and the wait they run), [`bundle`] (the
+//!    support bundle), [`validate`] and [`bench`] (what is served, and how fast, through the API).
 //! 9. [`error`] — the crate-level error.
 
 #![warn(missing_docs)]
@@ -37,6 +38,7 @@
 pub mod api;
 pub mod backoff;
 pub mod bench;
+pub mod bundle;
 pub mod causes;
 pub mod commit;
 pub mod config;
@@ -59,6 +61,7 @@ pub mod raster;
 pub mod run;
 pub mod safetensors_header;
 pub mod secret;
+pub mod service;
 pub mod steps;
 pub mod transfer;
 pub mod validate;
