@@ -478,6 +478,48 @@ pub async fn wait_for_pair(ctx: &Context, timeout: Duration) -> Result<PairReady
     }
 }
 
+/// Whether the pair really serves: every rank's container runs, the API lists the model, and a
+/// real generation through the engine's probe comes back right within `timeout`. Containers
+/// that survived a node's restart can look running while their link is gone; only the
+/// generation tells.
+///
+/// # Errors
+///
+/// Why the pair does not serve (for the log: not an error of the caller).
+pub async fn serving(ctx: &Context, timeout: Duration) -> Result<(), String> {
+    let s = crate::lifecycle::status::status(ctx).await;
+    if s.overall != "running" {
+        let ranks = s
+            .ranks
+            .iter()
+            .map(|r| format!("rank {} {}", r.rank, r.state))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(format!("{} ({ranks})", s.overall));
+    }
+    let c = ctx.config().config();
+    let key = crate::lifecycle::api_key::client_key(&c.serving).map_err(|e| e.to_string())?;
+    let host = if c.serving.host == "0.0.0.0" {
+        "127.0.0.1"
+    } else {
+        c.serving.host.as_str()
+    };
+    let api = crate::engine::ApiEndpoint {
+        base_url: format!("http://{host}:{}", c.serving.port),
+        served_name: c.model.served_name.clone(),
+        key,
+    };
+    let engine = crate::engine::registry::for_config(ctx.config());
+    match tokio::time::timeout(timeout, engine.probe_generation(ctx, &api)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("both ranks run but a generation fails: {e}")),
+        Err(_) => Err(format!(
+            "both ranks run but a generation did not answer in {} s",
+            timeout.as_secs()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

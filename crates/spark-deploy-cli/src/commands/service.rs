@@ -376,19 +376,22 @@ fn boot(global: &Global, args: &BootArgs) -> Result<(), Failure> {
             Arc::new(TerminalSink::new(global.json, global.verbosity)),
         );
         wait_pair(&ctx, args.wait.timeout).await?;
-        let s = spark_deploy_core::lifecycle::status::status(&ctx).await;
-        if s.overall == "running" {
-            render::note("the pair is already serving: nothing to bring up");
-            return Ok(());
-        }
+        let why = match service::serving(&ctx, Duration::from_secs(60)).await {
+            Ok(()) => {
+                render::note("the pair is already serving: nothing to bring up");
+                return Ok(());
+            }
+            Err(why) => why,
+        };
+        // `restart`: whatever survived the reboot is stopped (rank 0 first) before both start,
+        // rank 1 before rank 0; on an absent pair its stop has nothing to do.
         render::note(&format!(
-            "the pair is {}: bringing it up (rank 1 before rank 0)",
-            s.overall
+            "the pair does not serve ({why}): bringing it up (rank 1 before rank 0)"
         ));
-        let plan = Plan::standard(&config);
+        let plan = Plan::for_verb(&config, super::run::Which::Restart);
         let (_, mut result, mut interrupted) = super::run::run_logged(global, &config, &plan).await;
-        // Containers that still ran from before the reboot without serving: the failed launch
-        // or smoke stopped both (both or neither), so one more `up` starts both afresh.
+        // A launch or smoke that failed stopped both ranks (both or neither): one more try
+        // starts both afresh.
         if let Err(e) = &result
             && !interrupted
             && matches!(e.failure.step, StepKind::LaunchRank | StepKind::Smoke)
