@@ -7,8 +7,9 @@
 //!   worker's fabric address answers on its SSH port and every worker's SSH runs a command
 //!   (`spark-deploy service wait`).
 //! - `<prefix>.service`: after the link unit, `spark-deploy service boot`: the same wait (cheap
-//!   once the link is up), then — unless the supervisor's stop marker says to stay down — `up`
-//!   (rank 1 before rank 0, both or neither), then `watch` in the foreground. Restarted on
+//!   once the link is up), then — unless the supervisor's stop marker says to stay down — when
+//!   the pair does not really serve ([`serving`]), `restart` (what survived is stopped, then rank
+//!   1 starts before rank 0, both or neither), then `watch` in the foreground. Restarted on
 //!   failure; enabled for `multi-user.target`.
 //!
 //! The ranks themselves carry no Docker restart policy (`restart = "no"`): after a reboot only
