@@ -8,7 +8,7 @@
 //! | `index.json` | the members with their sizes, and every expected member that is absent with why |
 //! | `config.toml`, `plan.json`, `plan.txt` | the validated config and the standard plan |
 //! | `status.json` | both ranks' containers, the API, memory, as `status` shows them |
-//! | `state/launched.json`, `state/preflight.json`, `state/startup.json` | the last launch with its facts, the last preflight report with the facts it detected, the startup timings |
+//! | `state/launched.json`, `state/preflight.json`, `state/startup.json` | the last launch with its facts, the last preflight report with the facts known after its run ([`keep_preflight`]), the startup timings |
 //! | `state/last-run.events.jsonl` | the events of the last `up`/`down`/`restart`/… run |
 //! | `watch/…` | the supervisor's files (samples, state, stop marker, pause lease, logs saved by heals) |
 //! | `ranks/rank<N>.log` | each rank's current log (timestamps, last 20 000 lines) |
@@ -350,6 +350,29 @@ async fn rank_logs(ctx: &Context, col: &mut Collector) {
             Err(e) => col.absent(member, e),
         }
     }
+}
+
+/// Keeps the preflight report of the run `ctx` carried (if its Preflight ran) with the facts
+/// known after the run as `<state_dir>/preflight.json`, for the next bundle. Callers that run
+/// plans call it after the run (the command line, Python); a dry run does not.
+///
+/// # Errors
+///
+/// [`run_log::RunLogError`] when the state directory is not writable.
+pub fn keep_preflight(ctx: &Context) -> Result<(), run_log::RunLogError> {
+    let Some(report) = ctx.preflight_report() else {
+        return Ok(());
+    };
+    let doc = serde_json::json!({
+        "at_unix": SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        "verdict": report.verdict(),
+        "report": report,
+        "facts": ctx.facts(),
+    });
+    let state_dir = Path::new(&ctx.config().config().deployment.state_dir);
+    run_log::write_json(state_dir, run_log::PREFLIGHT_FILE, &doc)
 }
 
 /// Writes the support bundle of the deployment to `out` (default: [`default_path`]).

@@ -87,6 +87,7 @@ pub(crate) fn run_plan<'py>(
     let run_ctx = ctx.clone();
     let work = move || async move { plan.run(&run_ctx).await };
     let result = events::drive(py, rx, tx, work, on_event, cancel, &|| ctx.cancel())?;
+    let _ = spark_deploy_core::bundle::keep_preflight(&ctx);
     if let Some(l) = log {
         match &result {
             Err(e) if e.report.steps.is_empty() => l.discard(),

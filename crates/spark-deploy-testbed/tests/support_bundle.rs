@@ -50,7 +50,7 @@ fn contains(hay: &[u8], needle: &str) -> bool {
     hay.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
-/// Runs `plan` with its events kept as the CLI keeps them (`last-run.events.jsonl`).
+/// Runs `plan` with its events and preflight report kept as the CLI keeps them.
 async fn run_logged(v: &spark_deploy_core::config::ValidatedConfig, plan: &Plan) -> R<()> {
     let log = Arc::new(EventLog::create(Path::new(
         &v.config().deployment.state_dir,
@@ -59,6 +59,7 @@ async fn run_logged(v: &spark_deploy_core::config::ValidatedConfig, plan: &Plan)
     let ctx = Context::new(v.clone(), sink);
     let r = plan.run(&ctx).await;
     log.finish()?;
+    bundle::keep_preflight(&ctx)?;
     r?;
     Ok(())
 }

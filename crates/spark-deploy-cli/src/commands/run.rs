@@ -123,6 +123,9 @@ pub(crate) async fn run_logged(
     let ctx = Arc::new(Context::new(config.clone(), tee.clone()));
     let (result, interrupted) = cancellable(&ctx, plan.run(&ctx)).await;
     tee.end(&result);
+    if let Err(e) = spark_deploy_core::bundle::keep_preflight(&ctx) {
+        render::note(&format!("warning: {e}"));
+    }
     (ctx, result, interrupted)
 }
 

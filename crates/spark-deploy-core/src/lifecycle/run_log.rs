@@ -1,6 +1,7 @@
 //! What the last run left behind for a support bundle: its events as JSON lines
-//! (`<state_dir>/last-run.events.jsonl`) and the last preflight report with the facts it detected
-//! (`<state_dir>/preflight.json`).
+//! (`<state_dir>/last-run.events.jsonl`) and the last preflight report with the facts known after
+//! the run (`<state_dir>/preflight.json`, written by `bundle::keep_preflight`). The callers that
+//! run plans (the command line, Python) write both; a dry run writes neither.
 //!
 //! Both are written atomically: the events go to a `.partial` file named after the process while
 //! the run goes on, which [`EventLog::finish`] renames to the final name (a run that never started

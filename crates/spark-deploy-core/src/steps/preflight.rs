@@ -10,7 +10,6 @@ use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
 use crate::event::Level;
 use crate::event::StepKind;
-use crate::lifecycle::run_log;
 use crate::preflight::decide::{NodeFacts, PortProbe, Settings, decide};
 use crate::preflight::report::{Check, PreflightReport, Verdict};
 use crate::preflight::roce;
@@ -228,7 +227,6 @@ impl Preflight {
         }
         ctx.set_preflight_report(report.clone());
         if report.verdict() == Verdict::Fail {
-            record(ctx, &report);
             return Err(StepFailure::new(
                 StepKind::Preflight,
                 PreflightFailed { report },
@@ -247,25 +245,7 @@ impl Preflight {
                 nf.gpu = f.gpu;
             }
         });
-        record(ctx, &report);
         Ok(Outcome::Done { bytes: None })
-    }
-}
-
-/// Keeps the report and the facts known after it as `<state_dir>/preflight.json` for support
-/// bundles; a file that cannot be written only costs the bundle that member.
-fn record(ctx: &Context, report: &PreflightReport) {
-    let doc = serde_json::json!({
-        "at_unix": std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        "verdict": report.verdict(),
-        "report": report,
-        "facts": ctx.facts(),
-    });
-    let state_dir = Path::new(&ctx.config().config().deployment.state_dir);
-    if let Err(e) = run_log::write_json(state_dir, run_log::PREFLIGHT_FILE, &doc) {
-        ctx.log(StepKind::Preflight, None, Level::Warn, e.to_string());
     }
 }
 
