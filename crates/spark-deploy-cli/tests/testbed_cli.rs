@@ -557,10 +557,9 @@ fn testbed_service_boot_brings_the_pair_back_after_a_worker_restart() {
         ),
         ids
     );
-    for l in err
-        .lines()
-        .filter(|l| l.contains("reachable") || l.contains("does not serve"))
-    {
+    for l in err.lines().filter(|l| {
+        l.starts_with("the pair is reachable") || l.starts_with("the pair does not serve")
+    }) {
         eprintln!("service boot: {l}");
     }
     eprintln!(
