@@ -196,6 +196,9 @@ class Deployment:
         ``mem_available_gib``), ``watch`` (the supervisor's state, stop marker, pause lease)."""
     def logs(self, rank: int = 0, tail: int | None = 200) -> str:
         """The engine log of one rank's container ("" when it does not exist)."""
+    def support_bundle(self, out: str | PathLike[str] | None = None) -> str:
+        """Write a support bundle (one ``.tar.gz``, secrets scrubbed) and return its path; default
+        ``<state_dir>/bundles/<name>-<time>.tar.gz``. Raises SparkDeployError."""
     def stop(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Stop every rank, rank 0 first, saving logs. Raises StopError."""
     def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:

@@ -241,3 +241,46 @@ def test_status_and_logs_read_only():
     assert [r["rank"] for r in status["ranks"]] == [0, 1]
     assert status["ranks"][0]["state"] == "absent"
     assert status["ranks"][1]["state"] != "running"
+
+
+def test_support_bundle_writes_one_archive_without_secrets(tmp_path):
+    """A bundle of a deployment that does not run: the head's members, the worker named as
+    unreachable in ``index.json``, and neither the HF token nor the API key in any member."""
+    import json
+    import tarfile
+
+    token, key = "hf_pytest_bundle_token_31337", "sk-pytest-bundle-key-4242"
+    toml = tmp_path / "spark-deploy.toml"
+    toml.write_text(
+        f'[deployment]\nname = "pytest-bundle"\nstate_dir = "{tmp_path}/state"\n'
+        '[[nodes]]\nname = "head"\nssh = "local"\n'
+        '[[nodes]]\nname = "worker-1"\nssh = "root@127.0.0.1"\nssh_port = 1\n'
+        'identity_file = "/nonexistent/spark-deploy-test/id_ed25519"\n'
+        'known_hosts = "/nonexistent/spark-deploy-test/known_hosts"\n'
+    )
+    # The secrets as the environment gives them: HF_TOKEN and SPARK_DEPLOY_API_KEY.
+    config = spark_deploy.Config.load(str(toml), env={"HF_TOKEN": token, "SPARK_DEPLOY_API_KEY": key})
+    # A saved heal log that echoed both secrets.
+    heal = tmp_path / "state" / "watch" / "heals" / "20261201-000000"
+    heal.mkdir(parents=True)
+    (heal / "rank0.log").write_text(f"Bearer {key} {token}\n")
+    dep = spark_deploy.Deployment(config)
+
+    out = tmp_path / "out" / "bundle.tar.gz"
+    path = dep.support_bundle(out=out)
+    assert path == str(out) and out.is_file()
+    assert not (tmp_path / "out" / "bundle.tar.gz.partial").exists()
+    with tarfile.open(path) as tar:
+        members = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    for name, data in members.items():
+        assert token.encode() not in data and key.encode() not in data, name
+    for name in ("index.json", "config.toml", "plan.json", "status.json", "watch/heals/20261201-000000/rank0.log"):
+        assert name in members, sorted(members)
+    assert b"Bearer ***" in members["watch/heals/20261201-000000/rank0.log"]
+    index = json.loads(members["index.json"])
+    absent = {a["name"]: a["why"] for a in index["absent"]}
+    assert "nodes/worker-1/" in absent and "ranks/rank0.log" in absent, absent
+
+    # Default path: under the state dir.
+    default = dep.support_bundle()
+    assert default.startswith(str(tmp_path / "state" / "bundles")) and default.endswith(".tar.gz")

@@ -32,7 +32,9 @@ builds each rank's weight file, gives the worker its inputs (NFS or copy), build
 starts both ranks and smoke-tests the API; steps whose work is done are skipped.
 
 Usual order: `init`, `config check`, `plan` (touches nothing), `preflight`, `up`; then `status`,
-`logs`, `api-key`, `watch`, `restart`, `down`. `demo` does it all on a testbed (two Sparks on this machine).";
+`logs`, `api-key`, `watch`, `restart`, `upgrade`/`rollback`, `down`; `service install` brings the pair
+back after reboots, `support-bundle` collects what a bug report needs. `demo` does it all on a
+testbed (two Sparks on this machine).";
 
 /// Deploy one large model across NVIDIA DGX Sparks (one tensor-parallel rank per Spark) and serve
 /// it through an OpenAI-compatible API on the head.
@@ -95,6 +97,14 @@ enum Command {
     History,
     /// Print the deployment's API key (generated on the first `up`).
     ApiKey,
+    /// Write one .tar.gz for a bug report: both ranks' logs (current and saved), the plan and
+    /// config with secrets redacted, the last preflight, facts and run events, watch samples,
+    /// each node's kernel log tail, link counters and memory.
+    SupportBundle(commands::bundle::BundleArgs),
+    /// Reboot persistence: systemd units on the head that bring the pair back after boot
+    /// (worker first) and watch it.
+    #[command(subcommand)]
+    Service(commands::service::ServiceCommand),
     /// Check what the deployment serves through its API (text, thinking, tools, JSON schema,
     /// tokenizer, images, a long needle, exactness).
     Validate(commands::validate::ValidateArgs),
@@ -202,6 +212,8 @@ fn main() -> ExitCode {
         Command::Upgrade => commands::upgrade::run_upgrade(&global),
         Command::Rollback => commands::upgrade::run_rollback(&global),
         Command::History => commands::upgrade::run_history(&global),
+        Command::SupportBundle(args) => commands::bundle::run(&global, &args),
+        Command::Service(cmd) => commands::service::run(&global, &cmd),
         Command::Validate(args) => commands::validate::run(&global, &args),
         Command::Bench(args) => commands::bench::run(&global, &args),
         #[cfg(feature = "testbed")]

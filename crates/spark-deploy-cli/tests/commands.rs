@@ -341,6 +341,8 @@ fn every_verb_honours_json_or_refuses_it() {
     // Every other verb that runs here (demo and testbed bring the testbed up: see the testbed
     // tests) prints only JSON on stdout, whether it succeeds or fails.
     let missing = d.path().join("no-model").display().to_string();
+    let units = d.path().join("units").display().to_string();
+    let bundle = d.path().join("b.tar.gz").display().to_string();
     let cases: &[&[&str]] = &[
         &["config", "check", "--json"],
         &["plan", "--json"],
@@ -353,6 +355,8 @@ fn every_verb_honours_json_or_refuses_it() {
         &["restart", "--json"],
         &["fetch", "--json"],
         &["fetch", "--verify-only", "--json"],
+        &["service", "status", "--unit-dir", &units, "--json"],
+        &["support-bundle", "--out", &bundle, "--json"],
         &[
             "rank-cache",
             "index-only",

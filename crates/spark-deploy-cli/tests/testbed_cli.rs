@@ -475,3 +475,94 @@ fn testbed_demo_and_testbed_up_reuse_a_running_deployment() {
         text(&s.stdout)
     );
 }
+
+/// Reboot persistence: the worker Spark restarts (its container: sshd, fabric address and rank
+/// 1's network namespace all go away and come back). `service boot`, what the unit runs after
+/// boot, waits for the fabric link and the worker's SSH, finds the pair not serving, and brings
+/// it back worker-first to a real generation.
+#[test]
+#[allow(clippy::print_stderr)]
+fn testbed_service_boot_brings_the_pair_back_after_a_worker_restart() {
+    let _demo = Demo::up();
+    let rank1_before = container_id("sd-testbed-rank1");
+
+    let t = Instant::now();
+    let r = Command::new("docker")
+        .args(["restart", "-t", "1", "spark-deploy-testbed-worker-1"])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "docker restart: {}", text(&r.stderr));
+    let restart_s = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let boot = with_config(&["service", "boot", "--no-watch", "--timeout", "120"])
+        .output()
+        .unwrap();
+    let boot_s = t.elapsed().as_secs_f64();
+    let err = text(&boot.stderr);
+    assert!(
+        boot.status.success(),
+        "service boot failed:\n{}\n{err}",
+        text(&boot.stdout)
+    );
+    assert!(err.contains("the pair is reachable"), "{err}");
+    assert!(err.contains("the pair does not serve"), "{err}");
+    // Worker first: rank 1's start is logged before rank 0's.
+    let (r1, r0) = (
+        err.find("starting rank 1").expect("rank 1 started"),
+        err.find("starting rank 0").expect("rank 0 started"),
+    );
+    assert!(r1 < r0, "rank 1 before rank 0:\n{err}");
+    assert_ne!(
+        container_id("sd-testbed-rank1"),
+        rank1_before,
+        "rank 1 is a new container"
+    );
+
+    let s = with_config(&["status"]).output().unwrap();
+    assert_eq!(
+        s.status.code(),
+        Some(0),
+        "serving again: {}",
+        text(&s.stdout)
+    );
+    let v = with_config(&["validate", "--only", "text"])
+        .output()
+        .unwrap();
+    assert!(
+        v.status.success(),
+        "a real generation: {}{}",
+        text(&v.stdout),
+        text(&v.stderr)
+    );
+
+    // A second boot (the unit restarted while the pair serves) changes nothing.
+    let ids = (
+        container_id("sd-testbed-rank0"),
+        container_id("sd-testbed-rank1"),
+    );
+    let again = with_config(&["service", "boot", "--no-watch", "--timeout", "60"])
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("already serving"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(
+        (
+            container_id("sd-testbed-rank0"),
+            container_id("sd-testbed-rank1")
+        ),
+        ids
+    );
+    for l in err.lines().filter(|l| {
+        l.starts_with("the pair is reachable") || l.starts_with("the pair does not serve")
+    }) {
+        eprintln!("service boot: {l}");
+    }
+    eprintln!(
+        "worker restart: docker restart {restart_s:.1} s; service boot back to serving {boot_s:.1} s"
+    );
+}

@@ -17,8 +17,8 @@
 //! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the shared [`digest`],
 //!    [`backoff`], [`commit`] and [`safetensors_header`] helpers, the engine's data
 //!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
-//!    files (`lifecycle::{lock, api_key, logs, log_time, watch_state}`), the serving API's client
-//!    ([`api`]),
+//!    files (`lifecycle::{lock, api_key, logs, log_time, startup, run_log, watch_state}`), the
+//!    serving API's client ([`api`]),
 //!    a small PNG canvas ([`raster`]).
 //! 2. [`facts`], [`layout`], [`preflight`] (pure decisions over gathered facts), [`describe`]
 //!    (plan descriptions), `lifecycle::launch_record`, `lifecycle::generations`.
@@ -30,9 +30,10 @@
 //!    `LeaderWorkerSet` or per-node compose files.
 //! 7. [`run`] — running a plan: both ranks or neither, the run report.
 //! 8. [`lifecycle`] (status and what acts on running deployments), [`supervise`] (`watch`:
-//!    samples, pure decisions, heals of both ranks or neither), [`validate`] and [`bench`] (what
-//!    is served, and how fast, through the API), [`upgrade`] (a new generation beside the
-//!    serving one, accepted or rolled back).
+//!    samples, pure decisions, heals of both ranks or neither), [`service`] (the systemd units
+//!    that bring the pair back after a reboot, and the wait they run), [`bundle`] (the support
+//!    bundle), [`validate`] and [`bench`] (what is served, and how fast, through the API),
+//!    [`upgrade`] (a new generation beside the serving one, accepted or rolled back).
 //! 9. [`error`] — the crate-level error.
 
 #![warn(missing_docs)]
@@ -40,6 +41,7 @@
 pub mod api;
 pub mod backoff;
 pub mod bench;
+pub mod bundle;
 pub mod causes;
 pub mod commit;
 pub mod config;
@@ -62,6 +64,7 @@ pub mod raster;
 pub mod run;
 pub mod safetensors_header;
 pub mod secret;
+pub mod service;
 pub mod steps;
 pub mod supervise;
 pub mod transfer;

@@ -36,6 +36,28 @@ impl Secret {
             text.replace(&self.0, REDACTED)
         }
     }
+
+    /// Replaces every occurrence of this secret in `bytes` (any content, UTF-8 or not) by
+    /// [`REDACTED`].
+    #[must_use]
+    pub fn redact_bytes(&self, bytes: &[u8]) -> Vec<u8> {
+        let needle = self.0.as_bytes();
+        if needle.is_empty() {
+            return bytes.to_vec();
+        }
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i..].starts_with(needle) {
+                out.extend_from_slice(REDACTED.as_bytes());
+                i += needle.len();
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        out
+    }
 }
 
 impl fmt::Debug for Secret {
@@ -67,5 +89,10 @@ mod tests {
         assert_eq!(serde_json::to_string(&s).unwrap(), "\"***\"");
         assert_eq!(s.redact_in("token=hf_supersecret;"), "token=***;");
         assert_eq!(s.expose(), "hf_supersecret");
+        assert_eq!(
+            s.redact_bytes(b"\xff hf_supersecrethf_supersecret hf_super"),
+            b"\xff ****** hf_super"
+        );
+        assert_eq!(Secret::new("").redact_bytes(b"abc"), b"abc");
     }
 }

@@ -14,7 +14,7 @@ use crate::events;
 use crate::plan::run_plan;
 
 /// One deployment described by a config: ``up()``, ``preflight()``, ``status()``, ``logs()``,
-/// ``stop()``, ``restart()``.
+/// ``stop()``, ``restart()``, ``support_bundle()``.
 ///
 /// Args:
 ///     config: the deployment config (validated here).
@@ -351,6 +351,30 @@ impl Deployment {
             Ok(docker.logs(&container, false, tail).await?)
         })?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Writes a support bundle: one ``.tar.gz`` with both ranks' current and saved logs, the
+    /// config and plan (secrets as ``***``), status, the last launch, preflight report, facts and
+    /// run events, the supervisor's files, and per node the kernel log tail, ``NVRM`` lines, link
+    /// counters and memory. Every member is scrubbed of the HF token and the API key; what could
+    /// not be read is listed in the bundle's ``index.json`` with why.
+    ///
+    /// Args:
+    ///     out: where to write it; None for ``<state_dir>/bundles/<name>-<time>.tar.gz``.
+    ///
+    /// Returns:
+    ///     The path of the archive written.
+    ///
+    /// Raises:
+    ///     SparkDeployError: the archive could not be written.
+    #[pyo3(signature = (out=None))]
+    fn support_bundle(&self, py: Python<'_>, out: Option<std::path::PathBuf>) -> PyResult<String> {
+        let config = self.validated.clone();
+        let report = events::block(py, async move {
+            let ctx = Context::new(config, Arc::new(|_: Event| {}));
+            Ok(spark_deploy_core::bundle::write(&ctx, out.as_deref()).await?)
+        })?;
+        Ok(report.path.display().to_string())
     }
 
     fn __repr__(&self) -> String {

@@ -7,6 +7,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyModule;
 use spark_deploy_core::config::ValidatedConfig;
+use spark_deploy_core::event::{Event, EventSink};
+use spark_deploy_core::lifecycle::run_log::EventLog;
 use spark_deploy_core::plan::{Plan as CorePlan, Step, StepKind};
 use spark_deploy_core::run::{Context, RunError, RunReport};
 
@@ -69,11 +71,31 @@ pub(crate) fn run_plan<'py>(
     };
     let on_event = on_event.or(default.as_ref());
     let (sink, tx, rx) = events::channel_sink::<Result<RunReport, RunError>>();
-    let ctx = Arc::new(Context::new(plan.config().clone(), Arc::new(sink)));
+    // The run's events are also kept as `<state_dir>/last-run.events.jsonl` (support bundles),
+    // as the command line keeps them; a state dir that is not writable costs only that file.
+    let state_dir = std::path::PathBuf::from(&plan.config().config().deployment.state_dir);
+    let log = EventLog::create(&state_dir).ok().map(Arc::new);
+    let tee_log = log.clone();
+    let tee = move |e: Event| {
+        if let Some(l) = &tee_log {
+            l.emit(e.clone());
+        }
+        sink.emit(e);
+    };
+    let ctx = Arc::new(Context::new(plan.config().clone(), Arc::new(tee)));
     let plan = plan.clone();
     let run_ctx = ctx.clone();
     let work = move || async move { plan.run(&run_ctx).await };
     let result = events::drive(py, rx, tx, work, on_event, cancel, &|| ctx.cancel())?;
+    let _ = spark_deploy_core::bundle::keep_preflight(&ctx);
+    if let Some(l) = log {
+        match &result {
+            Err(e) if e.report.steps.is_empty() => l.discard(),
+            _ => {
+                let _ = l.finish();
+            }
+        }
+    }
     match result {
         Ok(r) => report(py, &r),
         Err(e) => Err(errors::run_error(py, &e)?),

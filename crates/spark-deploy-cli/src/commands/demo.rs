@@ -1,17 +1,14 @@
 //! `spark-deploy demo`: the whole deployment onto the testbed in one command.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use spark_deploy_core::config::validate;
 use spark_deploy_core::plan::Plan;
-use spark_deploy_core::run::Context;
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
 use spark_deploy_testbed::reuse;
 
 use super::Global;
 use crate::api_hint::ApiHint;
-use crate::events::TerminalSink;
 use crate::exit::{CONFIG, Failure, RUNTIME};
 use crate::render;
 
@@ -47,8 +44,7 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
         fs_err::write(&path, format!("# Written by `spark-deploy demo` for the testbed.\n{text}")).map_err(|e| Failure::new(RUNTIME, &e, None))?;
         let config = validate(config, &home)?;
         super::run::key_agrees(&config)?;
-        let ctx = Arc::new(Context::new(config.clone(), Arc::new(TerminalSink::new(global.json, global.verbosity))));
-        let (result, interrupted) = super::run::cancellable(&ctx, Plan::standard(&config).run(&ctx)).await;
+        let (_ctx, result, interrupted) = super::run::run_logged(global, &config, &Plan::standard(&config)).await;
         drop(hub);
         match result {
             Ok(report) => {

@@ -1,6 +1,7 @@
 //! One module per command.
 
 pub(crate) mod bench;
+pub(crate) mod bundle;
 pub(crate) mod config;
 #[cfg(feature = "testbed")]
 pub(crate) mod demo;
@@ -10,6 +11,7 @@ pub(crate) mod inspect;
 pub(crate) mod plan;
 pub(crate) mod rank_cache;
 pub(crate) mod run;
+pub(crate) mod service;
 #[cfg(feature = "testbed")]
 pub(crate) mod testbed;
 pub(crate) mod upgrade;

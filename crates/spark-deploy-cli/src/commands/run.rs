@@ -4,8 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use spark_deploy_core::config::ValidatedConfig;
+use spark_deploy_core::event::{Event, EventSink};
+use spark_deploy_core::lifecycle::run_log::EventLog;
 use spark_deploy_core::plan::{Plan, StepKind};
-use spark_deploy_core::run::{Context, RunError};
+use spark_deploy_core::run::{Context, RunError, RunReport};
 
 use super::Global;
 use crate::api_hint::ApiHint;
@@ -72,6 +74,70 @@ pub(crate) struct RunArgs {
     pub dry_run: bool,
 }
 
+/// Events to the terminal and to the run's log (`<state_dir>/last-run.events.jsonl`, for support
+/// bundles); the context redacts secrets before either sees them.
+pub(crate) struct Tee {
+    terminal: Arc<dyn EventSink>,
+    log: Option<Arc<EventLog>>,
+}
+
+impl Tee {
+    /// `terminal` plus the run log of `config` (none when the state dir is not writable: the run
+    /// must not fail for its log).
+    pub(crate) fn new(config: &ValidatedConfig, terminal: Arc<dyn EventSink>) -> Self {
+        let state_dir = std::path::Path::new(&config.config().deployment.state_dir);
+        Self {
+            terminal,
+            log: EventLog::create(state_dir).ok().map(Arc::new),
+        }
+    }
+
+    /// Ends the run's log: kept as the last run's events when a step ran (a run refused before
+    /// its first step, e.g. by the lock, keeps the previous run's events).
+    pub(crate) fn end(&self, result: &Result<RunReport, RunError>) {
+        let Some(log) = &self.log else { return };
+        let ran = match result {
+            Ok(_) => true,
+            Err(e) => !e.report.steps.is_empty(),
+        };
+        if ran {
+            if let Err(e) = log.finish() {
+                render::note(&format!("warning: {e}"));
+            }
+        } else {
+            log.discard();
+        }
+    }
+}
+
+impl EventSink for Tee {
+    fn emit(&self, event: Event) {
+        if let Some(log) = &self.log {
+            log.emit(event.clone());
+        }
+        self.terminal.emit(event);
+    }
+}
+
+/// Runs `plan` with events to the terminal and the run log; says whether Ctrl-C came.
+pub(crate) async fn run_logged(
+    global: &Global,
+    config: &ValidatedConfig,
+    plan: &Plan,
+) -> (Arc<Context>, Result<RunReport, RunError>, bool) {
+    let tee = Arc::new(Tee::new(
+        config,
+        Arc::new(TerminalSink::new(global.json, global.verbosity)),
+    ));
+    let ctx = Arc::new(Context::new(config.clone(), tee.clone()));
+    let (result, interrupted) = cancellable(&ctx, plan.run(&ctx)).await;
+    tee.end(&result);
+    if let Err(e) = spark_deploy_core::bundle::keep_preflight(&ctx) {
+        render::note(&format!("warning: {e}"));
+    }
+    (ctx, result, interrupted)
+}
+
 pub(crate) fn run(global: &Global, which: Which) -> Result<(), Failure> {
     run_with(global, which, &RunArgs::default())
 }
@@ -112,11 +178,7 @@ pub(crate) fn run_with(global: &Global, which: Which, args: &RunArgs) -> Result<
         .enable_all()
         .build()
         .map_err(|e| Failure::new(RUNTIME, &e, None))?;
-    let ctx = Arc::new(Context::new(
-        config,
-        Arc::new(TerminalSink::new(global.json, global.verbosity)),
-    ));
-    let (result, interrupted) = rt.block_on(cancellable(&ctx, plan.run(&ctx)));
+    let (ctx, result, interrupted) = rt.block_on(run_logged(global, &config, &plan));
     match result {
         Ok(report) => {
             let hint = matches!(which, Which::Up | Which::Restart)

@@ -94,3 +94,40 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         ..ContainerCreateBody::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DeploymentConfig, EngineProfileName, validate};
+    use crate::facts::DeploymentFacts;
+
+    /// After a crash or a reboot only the pair-aware path (`up`, the service units) may start a
+    /// rank: Docker restarting one rank on its own would leave a lone rank (a wedged pair).
+    #[test]
+    fn no_rank_of_any_engine_carries_a_docker_restart_policy() {
+        for profile in [EngineProfileName::TensorfoldDsv41] {
+            let mut raw = DeploymentConfig::default();
+            raw.deployment.engine = profile;
+            let config = validate(raw, std::path::Path::new("/home/u")).unwrap();
+            let facts = DeploymentFacts::placeholders(&config);
+            let specs =
+                crate::engine::registry::for_profile(profile).rank_containers(&config, &facts);
+            assert_eq!(specs.len(), 2);
+            for spec in &specs {
+                assert_eq!(spec.restart, "no", "rank {}", spec.rank);
+                let policy = create_body(spec)
+                    .host_config
+                    .unwrap()
+                    .restart_policy
+                    .unwrap();
+                assert_eq!(
+                    policy.name,
+                    Some(RestartPolicyNameEnum::NO),
+                    "rank {}",
+                    spec.rank
+                );
+                assert_eq!(policy.maximum_retry_count, None);
+            }
+        }
+    }
+}
