@@ -58,6 +58,10 @@ pub struct DeploymentFacts {
     /// Commit of every fetched repository (`owner/name` → commit), recorded by FetchCheckpoint.
     #[serde(skip)]
     pub commits: std::collections::BTreeMap<String, String>,
+    /// The CONTEXT preflight computed when `serving.context` is 0 (the largest that fits every
+    /// node); `None` until then, and whenever the config names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<u64>,
 }
 
 impl DeploymentFacts {
@@ -75,6 +79,18 @@ impl DeploymentFacts {
             model_commit,
             nodes: c.nodes.iter().map(NodeFacts::placeholders).collect(),
             commits: std::collections::BTreeMap::new(),
+            context: None,
+        }
+    }
+
+    /// The pool the ranks get (`--context`): `serving.context`, or when it is 0 the largest that
+    /// fits, as preflight computed it (a placeholder until then).
+    #[must_use]
+    pub fn context(&self, config: &ValidatedConfig) -> String {
+        match (config.config().serving.context, self.context) {
+            (0, Some(n)) => n.to_string(),
+            (0, None) => "<largest CONTEXT that fits every node, computed at preflight>".to_owned(),
+            (n, _) => n.to_string(),
         }
     }
 }

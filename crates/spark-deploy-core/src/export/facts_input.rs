@@ -283,6 +283,7 @@ mod tests {
             fingerprint: String::new(),
             model_commit: "a".repeat(40),
             nodes: vec![detected(&head_name, "198.18.0.1")],
+            context: None,
             ranks: vec![],
             gpu_clocks: None,
             at_unix: 0,

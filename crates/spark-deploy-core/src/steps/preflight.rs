@@ -8,12 +8,13 @@ mod collect;
 use crate::config::ValidatedConfig;
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
+use crate::engine::Engine;
 use crate::event::Level;
 use crate::event::StepKind;
 use crate::preflight::decide::{NodeFacts, PortProbe, Settings, decide};
 use crate::preflight::report::{Check, PreflightReport, Verdict};
 use crate::preflight::roce;
-use collect::{gather, settle_inputs};
+use collect::{gather, gather_prerequisites, settle_inputs, settle_shares};
 
 /// Checks every node before anything changes: SSH, Docker, GPU and clocks, memory, disk, fabric,
 /// ports. Runs on all nodes in parallel (head locally, workers through the Exec port).
@@ -68,11 +69,16 @@ impl Preflight {
                     if i == 0 { "exec: local".to_owned() } else { "ssh: BatchMode key login, host key known; sudo -n".to_owned() },
                     format!("docker: daemon reachable, runtime {} registered, no other GPU container", self.runtime),
                     "gpu: nvidia-smi, model, clock caps equal on every node".to_owned(),
-                    format!("memory: MemAvailable >= {} GiB; budget of weights + arena + KV for the pool", self.min_avail_gib),
-                    "disk: space for what is still missing".to_owned(),
+                    format!("memory: MemAvailable >= {} GiB; budget of weights + arena + KV for the pool (CONTEXT 0: the largest pool that fits every node)", self.min_avail_gib),
+                    if i == 0 {
+                        "disk: space for what is still missing (checkpoint, rank files, Engram tables, kit)".to_owned()
+                    } else {
+                        "disk: space for this node's share (its rank file, Engram tables, kit, engine binaries, the engine image; copy mode: the checkpoint's small files)".to_owned()
+                    },
                     "fabric: address local on its netdev, peer reachable, RoCE devices ACTIVE, RoCE v2 GID index".to_owned(),
                 ];
                 if i == 0 {
+                    checks.push("engine: the binaries BuildImage ships are in the engine directory; the base image is in Docker (never pulled); nfs mode: the cache exported read-only to every worker".to_owned());
                     checks.push(format!("ports: {} (API) and {} (rendezvous) free", self.api_port, self.rendezvous_port));
                 }
                 Action::with(node, "collect facts and decide", ActionDetail::Checks { checks })
@@ -120,6 +126,7 @@ async fn unchanged_running_pair(ctx: &Context) -> Option<String> {
     ctx.update_facts(|f| {
         f.model_commit.clone_from(&record.model_commit);
         f.nodes.clone_from(&record.nodes);
+        f.context = record.context;
     });
     ctx.set_preflight_deferred(true);
     Some(format!(
@@ -135,17 +142,25 @@ fn port_free(addr: &str) -> bool {
 impl Preflight {
     /// Checks every node in parallel, records the detected facts, and fails with the table when
     /// any check fails.
-    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+    pub(crate) async fn run(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         if self.skip_when_running
             && let Some(reason) = unchanged_running_pair(ctx).await
         {
             return Ok(Outcome::Skipped { reason });
         }
-        self.check(ctx).await
+        self.check(ctx, engine).await
     }
 
     /// Runs every check (also the deferred preflight of a launch that must restart the ranks).
-    pub(crate) async fn check(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+    pub(crate) async fn check(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         ctx.set_preflight_deferred(false);
         let c = ctx.config().config();
         let addrs: Vec<Option<Ipv4Addr>> = c.nodes.iter().map(|n| n.fabric_addr).collect();
@@ -167,6 +182,10 @@ impl Preflight {
             facts.push(f);
         }
         settle_inputs(ctx, &mut facts, head).await;
+        if let Some(h) = facts.first_mut() {
+            gather_prerequisites(ctx, engine, h).await;
+        }
+        settle_shares(ctx, engine, &mut facts).await;
         let api = format!("{}:{}", c.serving.host, c.serving.port);
         // A port held by this deployment's own running rank 0 is not a conflict (second `up`).
         let ours = match ctx.docker(0).await {
@@ -234,6 +253,7 @@ impl Preflight {
             ));
         }
         ctx.update_facts(|facts| {
+            facts.context = decision.context;
             for (nf, f) in facts.nodes.iter_mut().zip(&decision.detected) {
                 if let Some(r) = &f.route {
                     nf.fabric_addr = r.src.to_string();
