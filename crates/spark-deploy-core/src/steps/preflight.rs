@@ -182,10 +182,11 @@ impl Preflight {
             facts.push(f);
         }
         settle_inputs(ctx, &mut facts, head).await;
+        // Boxed: these futures hold many awaits, kept off the stack of whoever polls the plan.
         if let Some(h) = facts.first_mut() {
-            gather_prerequisites(ctx, engine, h).await;
+            Box::pin(gather_prerequisites(ctx, engine, h)).await;
         }
-        settle_shares(ctx, engine, &mut facts).await;
+        Box::pin(settle_shares(ctx, engine, &mut facts)).await;
         let api = format!("{}:{}", c.serving.host, c.serving.port);
         // A port held by this deployment's own running rank 0 is not a conflict (second `up`).
         let ours = match ctx.docker(0).await {
