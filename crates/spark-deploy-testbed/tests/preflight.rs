@@ -16,8 +16,8 @@
 //! - what would otherwise fail only after the download: in `nfs` mode no export of the head's
 //!   cache to the worker (a real exports file on this machine), an engine binary missing from the
 //!   head's engine directory, the base image at a tag the head's Docker lacks, and too little disk
-//!   (a 1 MiB tmpfs under the head's HF cache, and one mounted in the worker's mount namespace
-//!   under its data directory); `up` with the base image missing stops at Preflight with no file
+//!   (the head's HF cache on a 1 MiB tmpfs, the worker's data directory on its own `/dev/shm`
+//!   filled to 1 MiB free); `up` with the base image missing stops at Preflight with no file
 //!   fetched from the hub and the HF cache empty;
 //! - `CONTEXT=0`: the largest pool that fits, printed and recorded, and rank 0's `--context`.
 //!
@@ -109,14 +109,18 @@ async fn in_worker(info: &TestbedInfo, argv: &[&str]) -> R<()> {
     Ok(())
 }
 
-/// Runs `sh -c script` in the worker container's mount namespace (as this machine's root: the
-/// worker itself may not mount).
-fn in_worker_mounts(info: &TestbedInfo, script: &str) -> R<String> {
-    let pid = sh(&format!(
-        "docker inspect -f '{{{{.State.Pid}}}}' {}",
-        info.workers[0].container
-    ))?;
-    sh(&format!("nsenter -t {pid} -m sh -c '{script}'"))
+/// Runs `sh -c script` in the worker container (not over SSH); its output.
+async fn in_worker_sh(info: &TestbedInfo, script: &str) -> R<String> {
+    let (code, out) = docker_exec(
+        &info.head_docker()?,
+        &info.workers[0].container,
+        &["sh", "-c", script],
+    )
+    .await?;
+    if code != 0 {
+        return Err(format!("{script} in the worker: {out}").into());
+    }
+    Ok(out)
 }
 
 /// Files below `dir` (none when it is absent).
@@ -137,8 +141,9 @@ fn files_below(dir: &Path) -> usize {
 }
 
 /// What preflight must catch before any download, each produced for real: the head's NFS export
-/// (nfs mode), the engine binaries, the base image, and the disk of each node (a 1 MiB tmpfs
-/// under the head's HF cache, and under the worker's data directory); then `up` with a missing
+/// (nfs mode), the engine binaries, the base image, and the disk of each node (the head's HF
+/// cache on a 1 MiB tmpfs, the worker's data directory on its `/dev/shm` filled to 1 MiB free);
+/// then `up` with a missing
 /// base image stops at Preflight having fetched no file.
 async fn before_any_download(
     info: &TestbedInfo,
@@ -237,18 +242,26 @@ async fn before_any_download(
             .contains("data_dir / hub.cache"),
         "{r:?}"
     );
-    let tiny = info.workers[0].disk_dir.join("tiny-data");
-    in_worker_mounts(
+    // The worker may not mount: its data directory goes on its own /dev/shm tmpfs, filled to
+    // leave 1 MiB free.
+    let free_kib: u64 = in_worker_sh(info, "df -Pk /dev/shm | tail -1")
+        .await?
+        .split_whitespace()
+        .nth(3)
+        .ok_or("df of the worker's /dev/shm")?
+        .parse()?;
+    in_worker_sh(
         info,
         &format!(
-            "mkdir -p {0} && mount -t tmpfs -o size=1m sd-testbed-tiny {0}",
-            tiny.display()
+            "head -c {} /dev/zero > /dev/shm/sd-testbed-fill",
+            free_kib.saturating_sub(1024) * 1024
         ),
-    )?;
+    )
+    .await?;
     let mut c = good.clone();
-    c.nodes[1].data_dir = tiny.display().to_string();
+    c.nodes[1].data_dir = "/dev/shm/sd-data".into();
     let result = preflight(&c, home).await;
-    in_worker_mounts(info, &format!("umount {}", tiny.display()))?;
+    in_worker_sh(info, "rm -rf /dev/shm/sd-testbed-fill /dev/shm/sd-data").await?;
     let (passed, t) = result?;
     assert!(!passed);
     let r = t
@@ -340,6 +353,10 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
             .starts_with(&format!("context 0 → {n} tokens (largest that fits: head ")),
         "{r:?}"
     );
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("CONTEXT=0 preflight:\n{}", t.to_table());
+    }
     let specs = spark_deploy_core::engine::for_config(&v).rank_containers(&v, &ctx.facts());
     let rank0 = specs.iter().find(|s| s.rank == 0).ok_or("rank 0")?;
     let at = rank0
