@@ -109,6 +109,8 @@ pub enum PendingFact {
     RdmaDevices,
     /// A node's RoCE v2 GID index (detected at preflight).
     GidIndex,
+    /// The pool when `serving.context` is 0: the largest that fits (computed at preflight).
+    Context,
 }
 
 impl PendingFact {
@@ -121,6 +123,9 @@ impl PendingFact {
             Self::Netdev => "its fabric netdev (detected by Preflight)",
             Self::RdmaDevices => "its RoCE devices (detected by Preflight)",
             Self::GidIndex => "its RoCE v2 GID index (detected by Preflight)",
+            Self::Context => {
+                "the CONTEXT that fits every node, asked for by CONTEXT=0 (computed by Preflight)"
+            }
         }
     }
 }
@@ -156,6 +161,9 @@ impl DeploymentFacts {
         let mut out = Vec::new();
         if !is_commit(&self.model_commit) {
             out.push((c.nodes[0].name.clone(), PendingFact::ModelCommit));
+        }
+        if c.serving.context == 0 && self.context.is_none() {
+            out.push((c.nodes[0].name.clone(), PendingFact::Context));
         }
         for (f, n) in self.nodes.iter().zip(&c.nodes) {
             out.extend(f.pending(n).into_iter().map(|p| (n.name.clone(), p)));

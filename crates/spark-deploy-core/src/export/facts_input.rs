@@ -148,6 +148,7 @@ pub fn facts_for_export(
         if is_commit(&r.model_commit) {
             facts.model_commit.clone_from(&r.model_commit);
         }
+        facts.context = r.context;
         for (f, node) in facts.nodes.iter_mut().zip(&c.nodes) {
             if let Some(detected) = r.nodes.iter().find(|d| d.node == node.name) {
                 let configured = node.fabric_addr;

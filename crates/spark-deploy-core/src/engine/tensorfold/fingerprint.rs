@@ -301,7 +301,11 @@ mod tests {
         let s = rank_specs(&v, &facts);
         assert_eq!(s[1].rank, 0);
         assert!(value(&s[1], "--context").contains("computed at preflight"));
+        // ... and a launch refuses it as a pending fact.
+        let pending = crate::facts::PendingFact::Context;
+        assert!(facts.unresolved(&v).iter().any(|(_, p)| *p == pending));
         facts.context = Some(299_008);
+        assert!(!facts.unresolved(&v).iter().any(|(_, p)| *p == pending));
         let s = rank_specs(&v, &facts);
         assert_eq!(value(&s[1], "--context"), "299008");
         assert_eq!(value(&s[0], "--pool"), "299008");
