@@ -42,7 +42,7 @@ def test_load_file_and_env_overrides(tmp_path):
 @pytest.mark.parametrize(
     "data, field",
     [
-        ({"serving": {"context": 0}}, "serving.context"),
+        ({"serving": {"context": 1}}, "serving.context"),
         ({"serving": {"parallel": 9}}, "serving.parallel"),
         ({"serving": {"contxt": 1}}, "contxt"),
     ],

@@ -48,12 +48,28 @@ fn secrets_change_no_byte_of_the_plan() {
 }
 
 #[test]
+fn context_0_plans_the_largest_that_fits_computed_at_preflight() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("spark-deploy.toml"), "").unwrap();
+    let o = run(d.path(), &["config", "check"], &[("CONTEXT", "0")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let p = run(d.path(), &["plan"], &[("CONTEXT", "0")]);
+    assert_eq!(p.status.code(), Some(0), "{}", stderr(&p));
+    assert!(
+        stdout(&p)
+            .contains("--context '<largest CONTEXT that fits every node, computed at preflight>'"),
+        "{}",
+        stdout(&p)
+    );
+}
+
+#[test]
 fn bad_configs_name_the_field_and_exit_3() {
     let d = tempfile::tempdir().unwrap();
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
     let cases: &[Case<'_>] = &[
         ("[serving]\ncontxt = 4096\n", &[], "contxt"),
-        ("", &[("CONTEXT", "0")], "serving.context"),
+        ("", &[("CONTEXT", "1")], "serving.context"),
         ("", &[("PARALLEL", "5")], "serving.parallel"),
         (
             "[[nodes]]\nname = \"head\"\nssh = \"local\"\n",

@@ -205,6 +205,10 @@ pub struct DeploymentFacts {
     /// Commit of every fetched repository (`owner/name` → commit), recorded by FetchCheckpoint.
     #[serde(skip)]
     pub commits: std::collections::BTreeMap<String, String>,
+    /// The CONTEXT preflight computed when `serving.context` is 0 (the largest that fits every
+    /// node); `None` until then, and whenever the config names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<u64>,
 }
 
 impl DeploymentFacts {
@@ -222,6 +226,18 @@ impl DeploymentFacts {
             model_commit,
             nodes: c.nodes.iter().map(NodeFacts::placeholders).collect(),
             commits: std::collections::BTreeMap::new(),
+            context: None,
+        }
+    }
+
+    /// The pool the ranks get (`--context`): `serving.context`, or when it is 0 the largest that
+    /// fits, as preflight computed it (a placeholder until then).
+    #[must_use]
+    pub fn context(&self, config: &ValidatedConfig) -> String {
+        match (config.config().serving.context, self.context) {
+            (0, Some(n)) => n.to_string(),
+            (0, None) => "<largest CONTEXT that fits every node, computed at preflight>".to_owned(),
+            (n, _) => n.to_string(),
         }
     }
 }
@@ -240,6 +256,8 @@ pub enum PendingFact {
     RdmaDevices,
     /// A node's RoCE v2 GID index (detected at preflight).
     GidIndex,
+    /// The pool when `serving.context` is 0: the largest that fits (computed at preflight).
+    Context,
 }
 
 impl PendingFact {
@@ -251,6 +269,7 @@ impl PendingFact {
             Self::Netdev => "fabric netdev",
             Self::RdmaDevices => "RoCE devices of the fabric port",
             Self::GidIndex => "RoCE v2 GID index of the fabric address",
+            Self::Context => "context that fits every node",
         }
     }
 
@@ -263,6 +282,9 @@ impl PendingFact {
             Self::Netdev => "its fabric netdev (detected by Preflight)",
             Self::RdmaDevices => "its RoCE devices (detected by Preflight)",
             Self::GidIndex => "its RoCE v2 GID index (detected by Preflight)",
+            Self::Context => {
+                "the CONTEXT that fits every node, asked for by CONTEXT=0 (computed by Preflight)"
+            }
         }
     }
 }
@@ -291,6 +313,9 @@ impl DeploymentFacts {
         let mut out = Vec::new();
         if self.model_commit.known().is_none() {
             out.push((c.nodes[0].name.clone(), PendingFact::ModelCommit));
+        }
+        if c.serving.context == 0 && self.context.is_none() {
+            out.push((c.nodes[0].name.clone(), PendingFact::Context));
         }
         for (f, n) in self.nodes.iter().zip(&c.nodes) {
             out.extend(f.pending().into_iter().map(|p| (n.name.clone(), p)));

@@ -662,6 +662,7 @@ mod tests {
             nodes: facts.nodes,
             ranks: Vec::new(),
             gpu_clocks: None,
+            context: None,
             at_unix: 0,
         };
         launch_record::write(Path::new(&v.config().deployment.state_dir), &record).unwrap();

@@ -60,14 +60,14 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     let _ = worker.remove_image(&worker_image).await;
 
     // 0. The head's exports are checked as on a Spark: without an export of the cache to the
-    //    worker's fabric address, ConfigureWorkerStorage refuses with the exportfs line that
-    //    fixes it (and creates nothing).
+    //    worker's fabric address, Preflight refuses, before anything is downloaded, with the
+    //    exportfs line that fixes it (and creates nothing).
     let _ = std::fs::remove_file(EXPORTS);
     let err = plan()
         .run(&Context::new(v.clone(), Arc::new(Recorder::default())))
         .await
         .expect_err("the cache is not exported");
-    assert_eq!(err.failure.step, StepKind::ConfigureWorkerStorage);
+    assert_eq!(err.failure.step, StepKind::Preflight);
     let msg = err.to_string();
     assert!(msg.contains("sudo exportfs -ra"), "{msg}");
     assert!(

@@ -12,11 +12,17 @@
 //! - a worker without `nvidia-smi`,
 //! - and, on the GPU and RoCE facts the testbed's hosts present (their `nvidia-smi` and sysfs
 //!   tree, read through the Exec port as on a Spark): clock caps that differ, a GID table without
-//!   a RoCE v2 IPv4 entry, a second rail down.
+//!   a RoCE v2 IPv4 entry, a second rail down;
+//! - what would otherwise fail only after the download: in `nfs` mode no export of the head's
+//!   cache to the worker (a real exports file on this machine), an engine binary missing from the
+//!   head's engine directory, the base image at a tag the head's Docker lacks, and too little disk
+//!   (the head's HF cache on a 1 MiB tmpfs, the worker's data directory on its own `/dev/shm`
+//!   filled to 1 MiB free); `up` with the base image missing stops at Preflight with no file
+//!   fetched from the hub and the HF cache empty;
+//! - `CONTEXT=0`: the largest pool that fits, printed and recorded, and rank 0's `--context`.
 //!
 //! The memory budget is decided on the test-scale checkpoint's real size, as the testbed hub
-//! lists it. The unit tests of `preflight::decide` cover the same cases (and the disk need, which
-//! this machine's disk cannot be made to fail honestly) on built facts.
+//! lists it. The unit tests of `preflight::decide` cover the same cases on built facts.
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -32,9 +38,8 @@ use spark_deploy_core::run::Context;
 use spark_deploy_core::steps::Preflight;
 use spark_deploy_testbed::cluster::TestbedInfo;
 use spark_deploy_testbed::cluster::worker::docker_exec;
-use spark_deploy_testbed::demo::{MODEL, hub_tree};
 use spark_deploy_testbed::host_facts::{self, CLOCK_FILE, Rail, write_tree};
-use spark_deploy_testbed::hub_server::{HubOptions, HubServer};
+use spark_deploy_testbed::hub_server::HubServer;
 
 mod common;
 
@@ -44,10 +49,11 @@ use common::testbed::R;
 async fn preflight(config: &DeploymentConfig, home: &Path) -> R<(bool, PreflightReport)> {
     let v = validate(config.clone(), home)?;
     let ctx = Context::new(v.clone(), Arc::new(Recorder::default()));
-    let passed = Plan::from_steps(&v, vec![Step::Preflight(Preflight::new(&v))])
-        .run(&ctx)
-        .await
-        .is_ok();
+    // Boxed: the plan's future is large for the test thread's stack in a debug build.
+    let passed =
+        Box::pin(Plan::from_steps(&v, vec![Step::Preflight(Preflight::new(&v))]).run(&ctx))
+            .await
+            .is_ok();
     Ok((passed, ctx.preflight_report().ok_or("no preflight table")?))
 }
 
@@ -103,26 +109,264 @@ async fn in_worker(info: &TestbedInfo, argv: &[&str]) -> R<()> {
     Ok(())
 }
 
-/// The testbed's config, fetching the test-scale checkpoint from a hub on loopback.
-async fn config_with_hub(info: &TestbedInfo) -> R<(HubServer, DeploymentConfig)> {
-    let repos = info.state_dir.join("hub-repos");
-    let r = repos.clone();
-    tokio::task::spawn_blocking(move || hub_tree(&r, 5)).await??;
-    let hub = HubServer::start(&repos, "127.0.0.1:0".parse()?, HubOptions::default())?;
-    let mut c = spark_deploy_testbed::deployment::deployment_config(info);
-    c.hub.endpoint = hub.endpoint();
-    c.model.id = MODEL.into();
-    c.model.revision = hub.commit(MODEL).ok_or("model commit")?;
-    Ok((hub, c))
+/// Runs `sh -c script` in the worker container (not over SSH); its output.
+async fn in_worker_sh(info: &TestbedInfo, script: &str) -> R<String> {
+    let (code, out) = docker_exec(
+        &info.head_docker()?,
+        &info.workers[0].container,
+        &["sh", "-c", script],
+    )
+    .await?;
+    if code != 0 {
+        return Err(format!("{script} in the worker: {out}").into());
+    }
+    Ok(out)
+}
+
+/// Files below `dir` (none when it is absent).
+fn files_below(dir: &Path) -> usize {
+    fn walk(d: &Path, n: &mut usize) {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, n);
+            } else {
+                *n += 1;
+            }
+        }
+    }
+    let mut n = 0;
+    walk(dir, &mut n);
+    n
+}
+
+/// What preflight must catch before any download, each produced for real: the head's NFS export
+/// (nfs mode), the engine binaries, the base image, and the disk of each node (the head's HF
+/// cache on a 1 MiB tmpfs, the worker's data directory on its `/dev/shm` filled to 1 MiB free);
+/// then `up` with a missing
+/// base image stops at Preflight having fetched no file.
+async fn before_any_download(
+    info: &TestbedInfo,
+    home: &Path,
+    hub: &HubServer,
+    good: &DeploymentConfig,
+) -> R<()> {
+    let v = validate(good.clone(), home)?;
+    let head = spark_deploy_core::layout::NodeLayout::of(&v, &v.config().nodes[0]);
+
+    // nfs mode without an export of the head's cache to the worker: caught, with the line that
+    // fixes it; with the export file (a real one on this machine, read through the head's Exec
+    // port) it passes.
+    const EXPORTS: &str = "/etc/exports.d/spark-deploy-testbed.exports";
+    let mut nfs = good.clone();
+    nfs.deployment.worker_storage = spark_deploy_core::config::WorkerStorage::Nfs;
+    let _ = std::fs::remove_file(EXPORTS);
+    let (passed, t) = preflight(&nfs, home).await?;
+    assert!(!passed);
+    let want = format!(
+        "echo '{} {}(ro,no_subtree_check)' | sudo tee -a /etc/exports && sudo exportfs -ra",
+        head.hf_cache, info.workers[0].fabric_addr
+    );
+    failed(&t, Check::NfsExport, "head", &want)?;
+    std::fs::create_dir_all("/etc/exports.d")?;
+    std::fs::write(
+        EXPORTS,
+        format!(
+            "{} {}(ro,no_subtree_check)\n",
+            head.hf_cache, info.workers[0].fabric_addr
+        ),
+    )?;
+    let result = preflight(&nfs, home).await;
+    std::fs::remove_file(EXPORTS)?;
+    let (_, t) = result?;
+    let r = row(&t, Check::NfsExport, "head")?;
+    assert_eq!(r.verdict, Verdict::Ok, "{}", t.to_table());
+
+    // An engine binary missing from the head's engine directory.
+    let bin = Path::new(&head.engine_dir).join("tf-dsv41-lanes");
+    let aside = Path::new(&head.engine_dir).join("tf-dsv41-lanes.aside");
+    std::fs::rename(&bin, &aside)?;
+    let result = preflight(good, home).await;
+    std::fs::rename(&aside, &bin)?;
+    let (passed, t) = result?;
+    assert!(!passed);
+    failed(
+        &t,
+        Check::EngineBinaries,
+        "head",
+        &format!("into {}", head.engine_dir),
+    )?;
+    assert!(
+        row(&t, Check::EngineBinaries, "head")?
+            .observed
+            .ends_with(&format!("{}/tf-dsv41-lanes", head.engine_dir)),
+        "{}",
+        t.to_table()
+    );
+
+    // The base image at a tag the head's Docker does not have.
+    let mut c = good.clone();
+    c.engine.base_image = "spark-deploy-testbed/engine-base:missing".into();
+    let (passed, t) = preflight(&c, home).await?;
+    assert!(!passed);
+    failed(&t, Check::BaseImage, "head", "docker load -i")?;
+
+    // Disk: the head's HF cache on a 1 MiB tmpfs (the checkpoint, Engram tables and kit are
+    // still to come), then the worker's data directory on one (its rank file, Engram tables,
+    // kit and engine binaries are still to come).
+    let tiny = info.state_dir.join("tiny-hf");
+    std::fs::create_dir_all(&tiny)?;
+    sh(&format!(
+        "mount -t tmpfs -o size=1m sd-testbed-tiny {}",
+        tiny.display()
+    ))?;
+    let mut c = good.clone();
+    c.hub.cache = tiny.display().to_string();
+    let result = preflight(&c, home).await;
+    sh(&format!("umount {}", tiny.display()))?;
+    let (passed, t) = result?;
+    assert!(!passed);
+    let r = t
+        .results
+        .iter()
+        .find(|r| r.check == Check::Disk && r.node == "head" && r.verdict == Verdict::Fail)
+        .ok_or_else(|| format!("no failed disk row on head:\n{}", t.to_table()))?;
+    assert!(
+        r.observed.contains("Engram tables") && r.observed.contains("kit"),
+        "{r:?}"
+    );
+    assert!(
+        r.remedy
+            .as_deref()
+            .unwrap_or("")
+            .contains("data_dir / hub.cache"),
+        "{r:?}"
+    );
+    // The worker may not mount: its data directory goes on its own /dev/shm tmpfs, filled to
+    // leave 1 MiB free.
+    let free_kib: u64 = in_worker_sh(info, "df -Pk /dev/shm | tail -1")
+        .await?
+        .split_whitespace()
+        .nth(3)
+        .ok_or("df of the worker's /dev/shm")?
+        .parse()?;
+    in_worker_sh(
+        info,
+        &format!(
+            "head -c {} /dev/zero > /dev/shm/sd-testbed-fill",
+            free_kib.saturating_sub(1024) * 1024
+        ),
+    )
+    .await?;
+    let mut c = good.clone();
+    c.nodes[1].data_dir = "/dev/shm/sd-data".into();
+    let result = preflight(&c, home).await;
+    in_worker_sh(info, "rm -rf /dev/shm/sd-testbed-fill /dev/shm/sd-data").await?;
+    let (passed, t) = result?;
+    assert!(!passed);
+    let r = t
+        .results
+        .iter()
+        .find(|r| r.check == Check::Disk && r.node == "worker-1" && r.verdict == Verdict::Fail)
+        .ok_or_else(|| format!("no failed disk row on worker-1:\n{}", t.to_table()))?;
+    for part in ["rank file 1", "Engram tables", "kit", "engine binaries"] {
+        assert!(r.observed.contains(part), "{part}: {r:?}");
+    }
+
+    // `up` (the standard plan) with the base image missing stops at Preflight: no file was
+    // fetched from the hub (only listings were asked) and the HF cache holds no file.
+    hub.clear_requests();
+    let mut c = good.clone();
+    c.engine.base_image = "spark-deploy-testbed/engine-base:missing".into();
+    let v = validate(c, home)?;
+    let ctx = Context::new(v.clone(), Arc::new(Recorder::default()));
+    let err = Plan::standard(&v)
+        .run(&ctx)
+        .await
+        .expect_err("preflight fails");
+    assert_eq!(
+        err.failure.step,
+        spark_deploy_core::plan::StepKind::Preflight
+    );
+    let fetched: Vec<String> = hub
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/resolve/"))
+        .map(|r| r.path)
+        .collect();
+    assert!(
+        fetched.is_empty(),
+        "downloaded before preflight passed: {fetched:?}"
+    );
+    assert_eq!(files_below(Path::new(&v.config().hub.cache)), 0);
+    Ok(())
 }
 
 async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
-    let (_hub, good) = config_with_hub(info).await?;
+    // The demo's config: the test-scale checkpoint, Engram tables and kit on a hub on loopback,
+    // the stand-in engine's binaries and base image on the head.
+    let (hub, good) = spark_deploy_testbed::demo::prepare(info, home).await?;
 
     // The healthy testbed passes, every check decided on what the hosts present.
     let (passed, t) = preflight(&good, home).await?;
     assert!(passed, "{}", t.to_table());
     assert_eq!(row(&t, Check::Ssh, "worker-1")?.verdict, Verdict::Ok);
+    assert_eq!(row(&t, Check::EngineBinaries, "head")?.verdict, Verdict::Ok);
+    assert_eq!(row(&t, Check::BaseImage, "head")?.verdict, Verdict::Ok);
+    // Each node's disk row counts its share: the head's the checkpoint, rank files, Engram
+    // tables and kit; the worker's its rank file, the trees, the binaries and the image.
+    let disk = |node: &str| {
+        t.results
+            .iter()
+            .filter(|r| r.check == Check::Disk && r.node == node)
+            .map(|r| r.observed.clone())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    for part in ["checkpoint", "rank file 0", "Engram tables", "kit"] {
+        assert!(disk("head").contains(part), "{part}: {}", t.to_table());
+    }
+    for part in [
+        "rank file 1",
+        "Engram tables",
+        "kit",
+        "engine binaries",
+        "engine image",
+    ] {
+        assert!(disk("worker-1").contains(part), "{part}: {}", t.to_table());
+    }
+
+    // CONTEXT=0: the largest pool that fits every node, printed and recorded for the launch.
+    let mut c = good.clone();
+    c.serving.context = 0;
+    let v = validate(c, home)?;
+    let ctx = Context::new(v.clone(), Arc::new(Recorder::default()));
+    Box::pin(Plan::from_steps(&v, vec![Step::Preflight(Preflight::new(&v))]).run(&ctx))
+        .await
+        .map_err(|e| e.to_string())?;
+    let t = ctx.preflight_report().ok_or("no preflight table")?;
+    let r = row(&t, Check::MemoryContext, "all")?;
+    let n = ctx.facts().context.ok_or("no context recorded")?;
+    assert!(n >= 4096 && n % 2048 == 0, "{n}");
+    assert!(
+        r.observed
+            .starts_with(&format!("context 0 → {n} tokens (largest that fits: head ")),
+        "{r:?}"
+    );
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("CONTEXT=0 preflight:\n{}", t.to_table());
+    }
+    let specs = spark_deploy_core::engine::for_config(&v).rank_containers(&v, &ctx.facts());
+    let rank0 = specs.iter().find(|s| s.rank == 0).ok_or("rank 0")?;
+    let at = rank0
+        .argv
+        .iter()
+        .position(|a| a == "--context")
+        .ok_or("--context")?;
+    assert_eq!(rank0.argv[at + 1], n.to_string());
+
+    Box::pin(before_any_download(info, home, &hub, &good)).await?;
     for node in ["head", "worker-1"] {
         // The nodes' nvidia-smi reports the captured host's two H200s: not a Spark's GB10.
         let gpu = row(&t, Check::Gpu, node)?;
@@ -358,5 +602,6 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn testbed_preflight_catches_each_failure_for_real() {
-    common::testbed::on_testbed(|info, home| async move { scenario(&info, &home).await }).await;
+    common::testbed::on_testbed(|info, home| async move { Box::pin(scenario(&info, &home)).await })
+        .await;
 }

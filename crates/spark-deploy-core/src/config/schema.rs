@@ -216,7 +216,8 @@ impl Default for HubSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServingSection {
-    /// Shared KV pool for all streams together (`CONTEXT`; rank 0 `--context`, rank 1 `--pool`).
+    /// Shared KV pool for all streams together (`CONTEXT`; rank 0 `--context`, rank 1 `--pool`);
+    /// 0 for the largest that fits every node, computed by preflight.
     pub context: u64,
     /// Concurrent streams (`PARALLEL`; `--parallel`).
     pub parallel: u32,

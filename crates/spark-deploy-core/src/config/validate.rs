@@ -241,13 +241,16 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
 
     // [serving]
     let s = &config.serving;
-    c.range(
-        "serving.context",
-        s.context,
-        limits.min_pool,
-        limits.max_pool,
-        " (at least one 2048-position extent, at most what the engine's RoPE tables cover)",
-    );
+    // 0: the largest pool that fits every node, computed by preflight from the memory budget.
+    if s.context != 0 {
+        c.range(
+            "serving.context",
+            s.context,
+            limits.min_pool,
+            limits.max_pool,
+            " (0 for the largest that fits, else at least one 2048-position extent, at most what the engine's RoPE tables cover)",
+        );
+    }
     if s.context > limits.memory_warn_context && s.context <= limits.max_pool {
         c.warn("serving.context", format!("{} > {}: leaves about 5 GiB on the head at 1M; prefer ≤ {} unless the whole window is needed", s.context, limits.memory_warn_context, limits.memory_warn_context));
     }
@@ -735,8 +738,14 @@ mod tests {
     }
 
     #[test]
+    fn context_0_asks_preflight_for_the_largest_that_fits() {
+        let v = check(|c| c.serving.context = 0).unwrap();
+        assert_eq!(v.config().serving.context, 0);
+    }
+
+    #[test]
     fn engine_limits_are_refused_with_the_field() {
-        assert_eq!(refused_field(|c| c.serving.context = 0), "serving.context");
+        assert_eq!(refused_field(|c| c.serving.context = 1), "serving.context");
         assert_eq!(
             refused_field(|c| c.serving.context = 1_114_064),
             "serving.context"

@@ -148,6 +148,7 @@ pub fn facts_for_export(
         if is_commit(&r.model_commit) {
             facts.model_commit = Detected::Known(r.model_commit.clone());
         }
+        facts.context = r.context;
         for (f, node) in facts.nodes.iter_mut().zip(&c.nodes) {
             if let Some(detected) = r.nodes.iter().find(|d| d.node == node.name) {
                 let configured = node.fabric_addr;
@@ -283,6 +284,7 @@ mod tests {
             fingerprint: String::new(),
             model_commit: "a".repeat(40),
             nodes: vec![detected(&head_name, "198.18.0.1")],
+            context: None,
             ranks: vec![],
             gpu_clocks: None,
             at_unix: 0,

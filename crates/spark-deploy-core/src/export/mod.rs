@@ -139,6 +139,7 @@ fn override_hint(node: &str, fact: PendingFact) -> String {
         PendingFact::Netdev => format!("--netdev {node}=<ifname>"),
         PendingFact::RdmaDevices => format!("--rdma-devices {node}=<dev[,dev]|none>"),
         PendingFact::GidIndex => format!("--gid-index {node}=<n|none>"),
+        PendingFact::Context => "CONTEXT=<pool> (serving.context)".to_owned(),
     }
 }
 

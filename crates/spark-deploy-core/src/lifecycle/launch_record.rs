@@ -39,6 +39,9 @@ pub struct LaunchRecord {
     pub model_commit: String,
     /// The per-node facts the ranks were launched with.
     pub nodes: Vec<NodeFacts>,
+    /// The CONTEXT preflight computed when the config asked for the largest that fits (0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<u64>,
     /// The rank containers.
     pub ranks: Vec<LaunchedRank>,
     /// The GPU clocks preflight observed on every node (its `gpu.clocks` row), when it ran.
@@ -145,6 +148,7 @@ mod tests {
             fingerprint: "f".repeat(64),
             model_commit: facts.model_commit.to_string(),
             nodes: facts.nodes,
+            context: None,
             ranks: vec![LaunchedRank {
                 node: 1,
                 name: "x-rank1".into(),

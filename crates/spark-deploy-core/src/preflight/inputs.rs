@@ -25,6 +25,69 @@ cat "$d/$r/model.safetensors.index.json" 2>/dev/null
 printf '\n@@FILES@@\n'
 ls -1 "$d/$r""#;
 
+/// Lists `<relative path> <bytes>` of every file below `$1` (links followed); nothing when the
+/// directory is absent.
+pub const SIZES_SCRIPT: &str =
+    r#"[ -d "$1" ] && find -L "$1" -type f -printf '%P %s\n' 2>/dev/null; true"#;
+
+/// [`SIZES_SCRIPT`] of the newest (or the pinned) snapshot of a repo in an HF cache: `$1` cache
+/// root, `$2` repo folder, `$3` revision.
+pub const SNAPSHOT_SIZES_SCRIPT: &str = r#"d="$1/hub/$2/snapshots"; r="$3"
+[ -d "$d" ] || exit 0
+[ -d "$d/$r" ] || r=$(ls -1t "$d" 2>/dev/null | head -1)
+[ -n "$r" ] || exit 0
+find -L "$d/$r" -type f -printf '%P %s\n' 2>/dev/null; true"#;
+
+/// Parses [`SIZES_SCRIPT`] output: relative path → bytes.
+#[must_use]
+pub fn parse_sizes(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|l| l.trim_end().rsplit_once(' '))
+        .filter_map(|(p, s)| s.parse().ok().map(|s| (p.to_owned(), s)))
+        .collect()
+}
+
+/// A tree of files the head fetches into its cache and every worker receives a copy of (the
+/// Engram tables, the kit), by relative path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree {
+    /// What it is (`Engram tables`).
+    pub what: String,
+    /// Every file of the tree and its size, when known (the complete cache, else the Hub's
+    /// listing).
+    pub files: Option<BTreeMap<String, u64>>,
+    /// The files the head's cache already holds.
+    pub cached: BTreeMap<String, u64>,
+}
+
+impl Tree {
+    /// What a directory holding `present` still has to receive: the files absent there or of
+    /// another size; `None` when nothing. Unknown sizes count 0, and say so.
+    #[must_use]
+    pub fn missing_at(&self, present: &BTreeMap<String, u64>) -> Option<Missing> {
+        let Some(files) = &self.files else {
+            return Some(Missing {
+                what: format!("{} (size unknown)", self.what),
+                bytes: 0,
+            });
+        };
+        let (n, bytes) = files
+            .iter()
+            .filter(|(p, s)| present.get(*p) != Some(*s))
+            .fold((0, 0), |(n, b), (_, s)| (n + 1, b + s));
+        (n > 0).then(|| Missing {
+            what: format!("{} ({n} of {} files)", self.what, files.len()),
+            bytes,
+        })
+    }
+
+    /// What the head's cache still has to download.
+    #[must_use]
+    pub fn missing_in_cache(&self) -> Option<Missing> {
+        self.missing_at(&self.cached)
+    }
+}
+
 /// The inputs found on the head.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeadInputs {
@@ -243,6 +306,51 @@ mod tests {
         // An index without sizes does not count as cached.
         let no_total = HeadInputs::parse("", "{\"weight_map\": {\"a\": \"s\"}}\n@@FILES@@\n", 2);
         assert_eq!(no_total.checkpoint_total(), None);
+    }
+
+    #[test]
+    fn a_tree_counts_what_a_directory_lacks_by_path_and_size() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("sub")).unwrap();
+        std::fs::write(t.path().join("a.safetensors"), vec![0u8; 30]).unwrap();
+        std::fs::write(t.path().join("sub/b.safetensors"), vec![0u8; 5]).unwrap();
+        let present = parse_sizes(&run(SIZES_SCRIPT, &[t.path().to_str().unwrap()]));
+        assert_eq!(
+            present,
+            BTreeMap::from([
+                ("a.safetensors".to_owned(), 30),
+                ("sub/b.safetensors".to_owned(), 5)
+            ])
+        );
+        let tree = Tree {
+            what: "Engram tables".into(),
+            files: Some(BTreeMap::from([
+                ("a.safetensors".to_owned(), 30),
+                ("sub/b.safetensors".to_owned(), 50),
+                ("c.safetensors".to_owned(), 100),
+            ])),
+            cached: BTreeMap::new(),
+        };
+        assert_eq!(
+            tree.missing_at(&present),
+            Some(Missing {
+                what: "Engram tables (2 of 3 files)".into(),
+                bytes: 150
+            })
+        );
+        assert_eq!(tree.missing_in_cache().unwrap().bytes, 180);
+        assert_eq!(tree.missing_at(tree.files.as_ref().unwrap()), None);
+        let unknown = Tree {
+            files: None,
+            ..tree
+        };
+        assert_eq!(
+            unknown.missing_at(&present).unwrap().what,
+            "Engram tables (size unknown)"
+        );
+        // Absent directories list nothing.
+        let gone = t.path().join("gone");
+        assert!(run(SIZES_SCRIPT, &[gone.to_str().unwrap()]).is_empty());
     }
 
     #[test]

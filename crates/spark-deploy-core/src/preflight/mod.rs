@@ -6,6 +6,7 @@
 pub mod budget;
 pub mod clocks;
 pub mod decide;
+pub mod exports;
 pub mod inputs;
 pub mod meminfo;
 pub mod report;

@@ -52,9 +52,21 @@ pub enum Check {
     /// Weights, arena, KV, RoPE and the reserve fit `MemAvailable`.
     #[serde(rename = "memory.budget")]
     MemoryBudget,
+    /// `serving.context = 0`: the largest pool whose budget fits every node.
+    #[serde(rename = "memory.context")]
+    MemoryContext,
     /// Free space for what is still missing.
     #[serde(rename = "disk")]
     Disk,
+    /// The engine binaries the image step ships are in the head's engine directory.
+    #[serde(rename = "engine.binaries")]
+    EngineBinaries,
+    /// The base image the engine image is built `FROM` is in the head's Docker.
+    #[serde(rename = "docker.base_image")]
+    BaseImage,
+    /// `nfs` mode: the head exports the cache read-only to the worker's fabric address.
+    #[serde(rename = "storage.nfs_export")]
+    NfsExport,
     /// The route to the peer leaves from the fabric address.
     #[serde(rename = "fabric.addr")]
     FabricAddr,
@@ -91,7 +103,11 @@ impl Check {
             Self::GpuClocks => "gpu.clocks",
             Self::MemoryAvailable => "memory.available",
             Self::MemoryBudget => "memory.budget",
+            Self::MemoryContext => "memory.context",
             Self::Disk => "disk",
+            Self::EngineBinaries => "engine.binaries",
+            Self::BaseImage => "docker.base_image",
+            Self::NfsExport => "storage.nfs_export",
             Self::FabricAddr => "fabric.addr",
             Self::FabricRoute => "fabric.route",
             Self::FabricRoce => "fabric.roce",

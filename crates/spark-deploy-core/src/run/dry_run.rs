@@ -29,7 +29,9 @@ impl Plan {
         ctx.set_dry_run();
         let preflight = if self.steps().iter().any(|s| s.kind() == StepKind::Preflight) {
             // A failed check is part of what the dry run shows, not an error of the dry run.
-            let _ = Preflight::new(ctx.config()).check(ctx).await;
+            let _ = Preflight::new(ctx.config())
+                .check(ctx, self.engine().as_ref())
+                .await;
             ctx.preflight_report()
         } else {
             None

@@ -102,7 +102,7 @@ async fn run_step(step: &Step, ctx: &Context, engine: &dyn Engine) -> Result<Out
     }
     let work = async {
         match step {
-            Step::Preflight(s) => s.run(ctx).await,
+            Step::Preflight(s) => s.run(ctx, engine).await,
             Step::FetchCheckpoint(s) => s.run(ctx, engine).await,
             Step::BuildRankCache(s) => s.run(ctx, engine).await,
             Step::ConfigureWorkerStorage(s) => s.run(ctx, engine).await,

@@ -189,7 +189,9 @@ impl LaunchRank {
                 Level::Info,
                 "the ranks must (re)start: running the deferred preflight first",
             );
-            super::Preflight::new(ctx.config()).check(ctx).await?;
+            super::Preflight::new(ctx.config())
+                .check(ctx, engine)
+                .await?;
             (specs, fingerprint) = resolve(ctx, engine).await.map_err(fail)?;
         }
         if running.iter().any(|(r, _)| *r) {
@@ -269,6 +271,7 @@ async fn record_launch(ctx: &Context, specs: &[ContainerSpec], fingerprint: &str
         fingerprint: fingerprint.to_owned(),
         model_commit: facts.model_commit.to_string(),
         nodes: facts.nodes,
+        context: facts.context,
         ranks,
         gpu_clocks: ctx.preflight_report().and_then(|r| {
             r.results

@@ -8,13 +8,14 @@ mod fabric_peers;
 use crate::config::ValidatedConfig;
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
+use crate::engine::Engine;
 use crate::event::Level;
 use crate::event::StepKind;
 use crate::facts::Detected;
 use crate::preflight::decide::{NodeFacts, PortProbe, Settings, decide};
 use crate::preflight::report::{Check, PreflightReport, Verdict};
 use crate::preflight::roce;
-use collect::{gather, settle_inputs};
+use collect::{gather, gather_prerequisites, settle_inputs, settle_shares};
 
 /// Checks every node before anything changes: SSH, Docker, GPU and clocks, memory, disk, fabric,
 /// ports. Runs on all nodes in parallel (head locally, workers through the Exec port).
@@ -69,11 +70,16 @@ impl Preflight {
                     if i == 0 { "exec: local".to_owned() } else { "ssh: BatchMode key login, host key known; sudo -n".to_owned() },
                     format!("docker: daemon reachable, runtime {} registered, no other GPU container", self.runtime),
                     "gpu: nvidia-smi, model, clock caps equal on every node".to_owned(),
-                    format!("memory: MemAvailable >= {} GiB; budget of weights + arena + KV for the pool", self.min_avail_gib),
-                    "disk: space for what is still missing".to_owned(),
+                    format!("memory: MemAvailable >= {} GiB; budget of weights + arena + KV for the pool (CONTEXT 0: the largest pool that fits every node)", self.min_avail_gib),
+                    if i == 0 {
+                        "disk: space for what is still missing (checkpoint, rank files, Engram tables, kit)".to_owned()
+                    } else {
+                        "disk: space for this node's share (its rank file, Engram tables, kit, engine binaries, the engine image; copy mode: the checkpoint's small files)".to_owned()
+                    },
                     "fabric: address local on its netdev, peer reachable, RoCE devices ACTIVE, RoCE v2 GID index".to_owned(),
                 ];
                 if i == 0 {
+                    checks.push("engine: the binaries BuildImage ships are in the engine directory; the base image is in Docker (never pulled); nfs mode: the cache exported read-only to every worker".to_owned());
                     checks.push(format!("ports: {} (API) and {} (rendezvous) free", self.api_port, self.rendezvous_port));
                 }
                 Action::with(node, "collect facts and decide", ActionDetail::Checks { checks })
@@ -121,6 +127,7 @@ async fn unchanged_running_pair(ctx: &Context) -> Option<String> {
     ctx.update_facts(|f| {
         f.model_commit = Detected::Known(record.model_commit.clone());
         f.nodes.clone_from(&record.nodes);
+        f.context = record.context;
     });
     ctx.set_preflight_deferred(true);
     Some(format!(
@@ -136,17 +143,25 @@ fn port_free(addr: &str) -> bool {
 impl Preflight {
     /// Checks every node in parallel, records the detected facts, and fails with the table when
     /// any check fails.
-    pub(crate) async fn run(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+    pub(crate) async fn run(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         if self.skip_when_running
             && let Some(reason) = unchanged_running_pair(ctx).await
         {
             return Ok(Outcome::Skipped { reason });
         }
-        self.check(ctx).await
+        self.check(ctx, engine).await
     }
 
     /// Runs every check (also the deferred preflight of a launch that must restart the ranks).
-    pub(crate) async fn check(&self, ctx: &Context) -> Result<Outcome, StepFailure> {
+    pub(crate) async fn check(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<Outcome, StepFailure> {
         ctx.set_preflight_deferred(false);
         let c = ctx.config().config();
         let peers = fabric_peers::peers(&fabric_peers::resolve(ctx).await);
@@ -159,6 +174,11 @@ impl Preflight {
             facts.push(f);
         }
         settle_inputs(ctx, &mut facts, head).await;
+        // Boxed: these futures hold many awaits, kept off the stack of whoever polls the plan.
+        if let Some(h) = facts.first_mut() {
+            Box::pin(gather_prerequisites(ctx, engine, h)).await;
+        }
+        Box::pin(settle_shares(ctx, engine, &mut facts)).await;
         let api = format!("{}:{}", c.serving.host, c.serving.port);
         // A port held by this deployment's own running rank 0 is not a conflict (second `up`).
         let ours = match ctx.docker(0).await {
@@ -219,6 +239,7 @@ impl Preflight {
         }
         // What was detected is recorded also when a check failed (a dry run shows it).
         ctx.update_facts(|facts| {
+            facts.context = decision.context;
             for (nf, f) in facts.nodes.iter_mut().zip(&decision.detected) {
                 if let Some(r) = &f.route {
                     nf.fabric_addr = Detected::Known(r.src);

@@ -286,4 +286,35 @@ mod tests {
         let names: Vec<&str> = m.iter().map(|m| m.setting.as_str()).collect();
         assert_eq!(names, ["env.TF_DS_IDX_SPLIT", "pool", "token_map_sha256"]);
     }
+
+    #[test]
+    fn context_0_launches_both_ranks_with_the_pool_preflight_computed() {
+        let mut c = DeploymentConfig::default();
+        c.serving.context = 0;
+        let v = validate(c, std::path::Path::new("/home/x")).unwrap();
+        let value = |s: &ContainerSpec, flag: &str| {
+            let i = s.argv.iter().position(|a| a == flag).unwrap();
+            s.argv[i + 1].clone()
+        };
+        let mut facts = DeploymentFacts::placeholders(&v);
+        // The plan before preflight says where the value comes from.
+        let s = rank_specs(&v, &facts);
+        assert_eq!(s[1].rank, 0);
+        assert!(value(&s[1], "--context").contains("computed at preflight"));
+        // ... and a launch refuses it as a pending fact.
+        let pending = crate::facts::PendingFact::Context;
+        assert!(facts.unresolved(&v).iter().any(|(_, p)| *p == pending));
+        facts.context = Some(299_008);
+        assert!(!facts.unresolved(&v).iter().any(|(_, p)| *p == pending));
+        let s = rank_specs(&v, &facts);
+        assert_eq!(value(&s[1], "--context"), "299008");
+        assert_eq!(value(&s[0], "--pool"), "299008");
+        // A configured CONTEXT wins over anything recorded.
+        let v = validate(DeploymentConfig::default(), std::path::Path::new("/home/x")).unwrap();
+        let s = rank_specs(&v, &facts);
+        assert_eq!(
+            value(&s[1], "--context"),
+            v.config().serving.context.to_string()
+        );
+    }
 }

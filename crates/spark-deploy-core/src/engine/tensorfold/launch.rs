@@ -71,7 +71,7 @@ impl Shared {
             master: facts.nodes[0].fabric_addr.to_string(),
             port: c.engine.rendezvous_port.to_string(),
             world: c.nodes.len().to_string(),
-            pool: c.serving.context.to_string(),
+            pool: facts.context(config),
             token_map: format!("{}/{TOKEN_MAP_FILE}", paths::CACHE),
             common_env,
         }

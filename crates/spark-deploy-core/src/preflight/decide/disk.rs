@@ -23,6 +23,9 @@ pub struct DiskFacts {
     pub df: Result<String, String>,
     /// What is still missing there.
     pub missing: Vec<Missing>,
+    /// Another directory of the node whose files are hard-linked here: on its filesystem what is
+    /// missing here costs no space (the head's Engram tables, linked from its HF cache).
+    pub linked_from: Option<String>,
 }
 
 /// Parses `df -Pk ... | tail -1` output into (mount point, free bytes).
@@ -46,23 +49,35 @@ struct Filesystem<'a> {
 pub(super) fn decide(f: &NodeFacts, out: &mut Vec<CheckResult>) {
     let n = f.name.as_str();
     let mut fs: Vec<Filesystem<'_>> = Vec::new();
+    let parse = |d: &DiskFacts| match &d.df {
+        Ok(t) => df_free_bytes(t).ok_or_else(|| format!("unreadable df output {t:?}")),
+        Err(e) => Err(e.clone()),
+    };
     for d in &f.disks {
         let dir = d.dir.as_str();
-        let parsed = match &d.df {
-            Ok(t) => df_free_bytes(t).ok_or_else(|| format!("unreadable df output {t:?}")),
-            Err(e) => Err(e.clone()),
-        };
+        let parsed = parse(d);
+        // Hard links of files on the same filesystem take no space.
+        let linked = d.linked_from.as_ref().is_some_and(|from| {
+            let from_mount = f
+                .disks
+                .iter()
+                .find(|o| &o.dir == from)
+                .and_then(|o| parse(o).ok())
+                .map(|(m, _)| m);
+            matches!((&parsed, from_mount), (Ok((m, _)), Some(fm)) if *m == fm)
+        });
+        let missing: &[Missing] = if linked { &[] } else { &d.missing };
         match parsed {
             Ok((mount, free)) => match fs.iter_mut().find(|g| g.mount == mount) {
                 Some(g) => {
                     g.dirs.push(dir);
-                    g.missing.extend(&d.missing);
+                    g.missing.extend(missing);
                 }
                 None => fs.push(Filesystem {
                     mount,
                     free,
                     dirs: vec![dir],
-                    missing: d.missing.iter().collect(),
+                    missing: missing.iter().collect(),
                 }),
             },
             Err(e) => out.push(CheckResult::fail(
@@ -136,6 +151,7 @@ mod tests {
                     what: "rank file 0".into(),
                     bytes: RANK_WEIGHT_BYTES,
                 }],
+                linked_from: None,
             },
             DiskFacts {
                 dir: "/root/.cache/huggingface".into(),
@@ -144,6 +160,7 @@ mod tests {
                     what: "checkpoint: 1 of 40 shards".into(),
                     bytes: 5 * GIB,
                 }],
+                linked_from: None,
             },
             DiskFacts {
                 dir: "/scratch/huggingface".into(),
@@ -152,6 +169,7 @@ mod tests {
                     what: "overlay".into(),
                     bytes: 100 * GIB,
                 }],
+                linked_from: None,
             },
         ];
         let d = decide_all(&seed(), &[h, healthy(1, &b)]);
@@ -171,6 +189,87 @@ mod tests {
         assert_eq!(rows[1].verdict, Verdict::Ok, "{:?}", rows[1]);
         // Nothing missing: any free space is enough.
         assert_eq!(row(&d, Check::Disk, "worker-1").verdict, Verdict::Ok);
+    }
+
+    #[test]
+    fn every_node_counts_its_share_and_links_on_one_filesystem_are_free() {
+        let (a, b) = pair();
+        let df = |mount: &str, gib_free: u64| {
+            Ok(format!(
+                "/dev/x 3000000 1000000 {} 34% {mount}\n",
+                gib_free * 1024 * 1024
+            ))
+        };
+        let need = |what: &str, gib: u64| Missing {
+            what: what.into(),
+            bytes: gib * GIB,
+        };
+        let head = |engram_mount: &str, engram_free: u64| {
+            let mut h = healthy(0, &a);
+            h.disks = vec![
+                DiskFacts {
+                    dir: "/data/spark-deploy".into(),
+                    df: df("/", 300),
+                    missing: vec![need("rank file 0", 99), need("rank file 1", 99)],
+                    linked_from: None,
+                },
+                DiskFacts {
+                    dir: "/root/.cache/huggingface".into(),
+                    df: df("/", 300),
+                    missing: vec![need("Engram tables", 40)],
+                    linked_from: None,
+                },
+                DiskFacts {
+                    dir: "/data/spark-deploy/engram/main".into(),
+                    df: df(engram_mount, engram_free),
+                    missing: vec![need("Engram tables", 40)],
+                    linked_from: Some("/root/.cache/huggingface".into()),
+                },
+            ];
+            h
+        };
+        let mut w = healthy(1, &b);
+        w.disks = vec![
+            DiskFacts {
+                dir: "/data/spark-deploy".into(),
+                df: df("/", 120),
+                missing: vec![
+                    need("rank file 1", 99),
+                    need("Engram tables", 40),
+                    need("kit", 1),
+                ],
+                linked_from: None,
+            },
+            DiskFacts {
+                dir: "/var/lib/docker".into(),
+                df: df("/", 120),
+                missing: vec![need("engine image", 20)],
+                linked_from: None,
+            },
+        ];
+        let d = decide_all(&seed(), &[head("/", 300), w]);
+        let r = row(&d, Check::Disk, "head");
+        assert_eq!(r.verdict, Verdict::Ok, "{r:?}");
+        assert!(
+            r.observed.starts_with("need 238.0 GiB (rank file 0 99.0 GiB + rank file 1 99.0 GiB + Engram tables 40.0 GiB), 300.0 GiB free on /"),
+            "the links cost nothing: {r:?}"
+        );
+        let r = row(&d, Check::Disk, "worker-1");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(r.observed.starts_with("need 160.0 GiB (rank file 1 99.0 GiB + Engram tables 40.0 GiB + kit 1.0 GiB + engine image 20.0 GiB), 120.0 GiB free on / (/data/spark-deploy, /var/lib/docker)"), "{r:?}");
+        assert!(remedy(r).starts_with("free 40.0 GiB on /"), "{r:?}");
+        // On another filesystem the linked files are copies, and count there.
+        let d = decide_all(&seed(), &[head("/data", 30), healthy(1, &b)]);
+        let rows: Vec<_> = d
+            .results
+            .iter()
+            .filter(|r| r.check == Check::Disk && r.node == "head")
+            .collect();
+        assert_eq!(rows[1].verdict, Verdict::Fail, "{rows:?}");
+        assert!(
+            rows[1].observed.contains("Engram tables 40.0 GiB"),
+            "{rows:?}"
+        );
     }
 
     #[test]

@@ -57,6 +57,87 @@ pub fn memory_budget(
     CheckResult::fail(Check::MemoryBudget, node, observed, remedy)
 }
 
+/// `serving.context = 0`: the largest pool (a multiple of 2048, at most the engine's largest)
+/// whose budget fits `MemAvailable` on every node, and its row. `None` when a node's weights or
+/// memory are unknown, when no pool fits some node, or when the largest that fits cannot hold one
+/// reply of `serving.max_tokens`.
+#[must_use]
+pub fn largest_context(s: &Settings, facts: &[NodeFacts]) -> (CheckResult, Option<u64>) {
+    let fail = |observed: String, remedy: String| {
+        (
+            CheckResult::fail(Check::MemoryContext, "all", observed, remedy),
+            None,
+        )
+    };
+    let mut per_node = Vec::new();
+    for f in facts {
+        let n = f.name.as_str();
+        let Some(avail) = f
+            .meminfo
+            .as_ref()
+            .ok()
+            .and_then(|m| meminfo::mem_available(m))
+        else {
+            return fail(
+                format!("context 0: MemAvailable of {n} unknown"),
+                format!("make /proc/meminfo readable on {n} (see its rows), or set CONTEXT"),
+            );
+        };
+        let Some(w) = f.rank_weights else {
+            return fail(
+                format!("context 0: the rank weight bytes of {n} are unknown"),
+                "run `spark-deploy fetch` (or make the Hub reachable) so preflight knows the weights, or set CONTEXT".to_owned(),
+            );
+        };
+        let inputs = MemoryInputs {
+            weights_per_rank: w.bytes,
+            context: 0,
+            model: s.memory,
+        };
+        let Some(p) = budget::largest_pool(&inputs, avail, s.max_pool) else {
+            return fail(
+                format!(
+                    "context 0: no pool fits {n} (MemAvailable {} GiB, weights {} GiB)",
+                    gib(avail),
+                    gib(w.bytes)
+                ),
+                format!(
+                    "free memory on {n} (stop other GPU work, `sync; echo 3 | sudo tee /proc/sys/vm/drop_caches`)"
+                ),
+            );
+        };
+        per_node.push((n, p, avail));
+    }
+    let Some(&(_, fits, _)) = per_node.iter().min_by_key(|(_, p, _)| *p) else {
+        return fail("context 0: no node".into(), "configure nodes".into());
+    };
+    let shown = per_node
+        .iter()
+        .map(|(n, p, a)| format!("{n} {p} of MemAvailable {} GiB", gib(*a)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let extent = (s.max_tokens + 18).div_ceil(2048) * 2048;
+    if fits < extent {
+        return fail(
+            format!(
+                "context 0 → {fits} tokens (largest that fits: {shown}), below one reply's extent {extent}"
+            ),
+            format!(
+                "lower serving.max_tokens to at most {} or free memory",
+                fits.saturating_sub(18)
+            ),
+        );
+    }
+    (
+        CheckResult::ok(
+            Check::MemoryContext,
+            "all",
+            format!("context 0 → {fits} tokens (largest that fits: {shown})"),
+        ),
+        Some(fits),
+    )
+}
+
 pub(super) fn decide(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
     let n = f.name.as_str();
     let minimum = u64::from(s.min_avail_gib) << 30;
@@ -99,6 +180,10 @@ pub(super) fn decide(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
             ),
         )
     });
+    if s.context == 0 {
+        // CONTEXT 0 and no pool fits: the `memory.context` row says why.
+        return;
+    }
     out.push(match f.rank_weights {
         Some(w) => memory_budget(s, n, w, avail),
         None => CheckResult::warn(
@@ -204,6 +289,88 @@ mod tests {
         let r = row(&d, Check::MemoryBudget, "head");
         assert_eq!(r.verdict, Verdict::Warn, "{r:?}");
         assert!(remedy(r).contains("spark-deploy fetch"), "{r:?}");
+    }
+
+    #[test]
+    fn context_0_is_the_largest_pool_that_fits_every_node() {
+        let (a, b) = pair();
+        let mut w = healthy(1, &b);
+        w.meminfo = Ok(format!("MemAvailable: {} kB\n", 110 * 1024 * 1024));
+        let s = Settings {
+            context: 0,
+            ..seed()
+        };
+        let d = decide_all(&s, &[healthy(0, &a), w]);
+        // The worker's 110 GiB bounds it (299,008, as the budget's boundary test shows); the
+        // head alone would take more.
+        assert_eq!(d.context, Some(299_008));
+        let r = row(&d, Check::MemoryContext, "all");
+        assert_eq!(r.verdict, Verdict::Ok, "{r:?}");
+        assert!(
+            r.observed
+                .starts_with("context 0 → 299008 tokens (largest that fits: head "),
+            "{r:?}"
+        );
+        assert!(
+            r.observed
+                .ends_with("worker-1 299008 of MemAvailable 110.0 GiB)"),
+            "{r:?}"
+        );
+        // Every node's budget row is decided at that pool, and passes.
+        for n in ["head", "worker-1"] {
+            let b = row(&d, Check::MemoryBudget, n);
+            assert_eq!(b.verdict, Verdict::Ok, "{b:?}");
+            assert!(b.observed.ends_with("(CONTEXT 299008)"), "{b:?}");
+        }
+        // One step more does not fit the worker.
+        let over = RankBudget::of(&MemoryInputs {
+            weights_per_rank: RANK_WEIGHT_BYTES,
+            context: 299_008 + 2048,
+            model: s.memory,
+        });
+        assert!(over.total() > 110 * GIB);
+        // A configured CONTEXT computes nothing.
+        let d = decide_all(&seed(), &[healthy(0, &a), healthy(1, &b)]);
+        assert_eq!(d.context, None);
+        assert!(!d.results.iter().any(|r| r.check == Check::MemoryContext));
+    }
+
+    #[test]
+    fn context_0_fails_when_nothing_fits_or_the_weights_are_unknown() {
+        let (a, b) = pair();
+        let s = Settings {
+            context: 0,
+            ..seed()
+        };
+        let mut w = healthy(1, &b);
+        w.meminfo = Ok(format!("MemAvailable: {} kB\n", 100 * 1024 * 1024));
+        let d = decide_all(&s, &[healthy(0, &a), w]);
+        assert_eq!(d.context, None);
+        let r = row(&d, Check::MemoryContext, "all");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+        assert!(r.observed.contains("no pool fits worker-1"), "{r:?}");
+        assert!(remedy(r).contains("free memory on worker-1"), "{r:?}");
+        assert!(!d.results.iter().any(|r| r.check == Check::MemoryBudget));
+        let mut h = healthy(0, &a);
+        h.rank_weights = None;
+        let d = decide_all(&s, &[h, healthy(1, &b)]);
+        let r = row(&d, Check::MemoryContext, "all");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(remedy(r).contains("spark-deploy fetch"), "{r:?}");
+        // The largest that fits must still hold one reply.
+        let long = Settings {
+            max_tokens: 400_000,
+            ..s
+        };
+        let mut w = healthy(1, &b);
+        w.meminfo = Ok(format!("MemAvailable: {} kB\n", 110 * 1024 * 1024));
+        let d = decide_all(&long, &[healthy(0, &a), w]);
+        let r = row(&d, Check::MemoryContext, "all");
+        assert_eq!(r.verdict, Verdict::Fail);
+        assert!(
+            remedy(r).contains("lower serving.max_tokens to at most 298990"),
+            "{r:?}"
+        );
     }
 
     #[test]

@@ -5,27 +5,32 @@
 //!
 //! One module per check family: [`access`] (SSH / local Exec, sudo, Docker), [`gpu`] (the
 //! container runtime, other GPU users, the driver, clocks), [`memory`] (the floor and the
-//! budget), [`disk`], [`fabric`] (route, address, RoCE, MTU) and [`ports`].
+//! budget, and the largest CONTEXT that fits when it is 0), [`disk`], [`fabric`] (route, address,
+//! RoCE, MTU), [`ports`], [`build`] (the engine binaries and the base image the image step needs)
+//! and [`storage`] (the head's NFS export in `nfs` mode).
 
 pub mod access;
+pub mod build;
 pub mod disk;
 pub mod fabric;
 pub mod gpu;
 pub mod memory;
 pub mod ports;
+pub mod storage;
 #[cfg(test)]
 mod testing;
 
 use std::net::Ipv4Addr;
 
 pub use access::{error_chain, ssh_remedy};
+pub use build::EngineFiles;
 pub use disk::{DiskFacts, Missing, df_free_bytes};
 pub use memory::memory_budget;
 pub use ports::PortProbe;
 
 use super::report::CheckResult;
 use super::roce::{RoceFacts, Route, Sysfs};
-use crate::config::ValidatedConfig;
+use crate::config::{ValidatedConfig, WorkerStorage};
 
 /// What [`decide`] needs from the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,12 +40,21 @@ pub struct Settings {
     pub runtime: String,
     /// `MemAvailable` floor, GiB.
     pub min_avail_gib: u32,
-    /// The CONTEXT pool (`serving.context`).
+    /// The CONTEXT pool (`serving.context`); 0 asks for the largest that fits every node.
     pub context: u64,
+    /// `serving.max_tokens`: a computed CONTEXT must hold one reply's extent.
+    pub max_tokens: u64,
     /// The engine's largest pool.
     pub max_pool: u64,
     /// The engine's memory model (arena, KV, RoPE, reserve).
     pub memory: crate::engine::limits::MemoryModel,
+    /// The engine commit the binaries must be built at (`engine.commit`).
+    pub engine_commit: String,
+    /// The image the engine image is built `FROM` (`engine.base_image`), never pulled.
+    pub base_image: String,
+    /// `nfs` mode: the head's path every worker mounts (`storage.nfs_path`, else the head's HF
+    /// cache); `None` in `copy` mode.
+    pub nfs_export: Option<String>,
 }
 
 impl Settings {
@@ -52,8 +66,18 @@ impl Settings {
             runtime: c.engine.runtime.clone(),
             min_avail_gib: c.lifecycle.min_avail_gib,
             context: c.serving.context,
+            max_tokens: c.serving.max_tokens,
             max_pool: config.limits().max_pool,
             memory: config.limits().memory,
+            engine_commit: c.engine.commit.clone(),
+            base_image: c.engine.base_image.clone(),
+            nfs_export: (c.deployment.worker_storage == WorkerStorage::Nfs).then(|| {
+                if c.storage.nfs_path.is_empty() {
+                    crate::layout::NodeLayout::of(config, &c.nodes[0]).hf_cache
+                } else {
+                    c.storage.nfs_path.clone()
+                }
+            }),
         }
     }
 }
@@ -149,6 +173,12 @@ pub struct NodeFacts {
     pub infiniband: bool,
     /// Ports that must be free on this node.
     pub ports: Vec<PortProbe>,
+    /// Head: the engine binaries the image step ships, found or not in its engine directory.
+    pub engine_files: Option<EngineFiles>,
+    /// Head: the base image in its Docker daemon: its size when present, `None` when absent.
+    pub base_image: Option<Result<Option<u64>, String>>,
+    /// Head, `nfs` mode: the text of its exports files (`/etc/exports`, `/etc/exports.d/*`).
+    pub exports: Option<Result<String, String>>,
 }
 
 impl NodeFacts {
@@ -179,6 +209,9 @@ impl NodeFacts {
             sysfs: None,
             infiniband: false,
             ports: Vec::new(),
+            engine_files: None,
+            base_image: None,
+            exports: None,
         }
     }
 }
@@ -204,6 +237,8 @@ pub struct Decision {
     pub results: Vec<CheckResult>,
     /// Per node.
     pub detected: Vec<Detected>,
+    /// The CONTEXT the ranks get when `serving.context` is 0: the largest that fits every node.
+    pub context: Option<u64>,
 }
 
 fn gib(b: u64) -> String {
@@ -221,6 +256,7 @@ fn decide_node(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Detec
     d.gpu = gpu::decide(s, f, out);
     memory::decide(s, f, out);
     disk::decide(f, out);
+    build::decide(s, f, out);
     fabric::decide(f, out, &mut d);
     d
 }
@@ -229,14 +265,27 @@ fn decide_node(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Detec
 #[must_use]
 pub fn decide(settings: &Settings, facts: &[NodeFacts]) -> Decision {
     let mut results = Vec::new();
+    let mut context = None;
+    let mut s = settings.clone();
+    if settings.context == 0 {
+        let (row, fits) = memory::largest_context(settings, facts);
+        results.push(row);
+        context = fits;
+        s.context = fits.unwrap_or(0);
+    }
     let detected: Vec<Detected> = facts
         .iter()
-        .map(|f| decide_node(settings, f, &mut results))
+        .map(|f| decide_node(&s, f, &mut results))
         .collect();
     results.extend(gpu::compare_clocks(facts));
     results.extend(fabric::compare_mtu(facts, &detected));
+    results.extend(storage::decide(&s, facts, &detected));
     for f in facts {
         results.extend(f.ports.iter().map(|p| ports::decide(&f.name, p)));
     }
-    Decision { results, detected }
+    Decision {
+        results,
+        detected,
+        context,
+    }
 }

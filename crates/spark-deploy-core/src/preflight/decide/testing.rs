@@ -2,7 +2,9 @@
 
 use std::net::Ipv4Addr;
 
-use super::{Decision, DiskFacts, DockerProbe, NodeFacts, RankWeights, Settings, WeightsSource};
+use super::{
+    Decision, DiskFacts, DockerProbe, EngineFiles, NodeFacts, RankWeights, Settings, WeightsSource,
+};
 const RANK_WEIGHT_BYTES: u64 = crate::engine::limits::TENSORFOLD_DSV41
     .memory
     .rank_weights_estimate;
@@ -20,8 +22,12 @@ pub(super) fn seed() -> Settings {
         runtime: "nvidia".into(),
         min_avail_gib: 100,
         context: 1_048_576,
+        max_tokens: 32_768,
         max_pool: 1_114_063,
         memory: crate::engine::limits::TENSORFOLD_DSV41.memory,
+        engine_commit: "0123456789abcdef0123456789abcdef01234567".into(),
+        base_image: "nvcr.io/nvidia/pytorch:25.09-py3".into(),
+        nfs_export: None,
     }
 }
 
@@ -106,6 +112,7 @@ pub(super) fn healthy(index: usize, t: &tempfile::TempDir) -> NodeFacts {
             500 * 1024 * 1024
         )),
         missing: Vec::new(),
+        linked_from: None,
     }];
     f.route = Some(Ok(format!(
         "{peer} dev enp1s0f1np1 src {me} uid 1000 \\    cache "
@@ -113,6 +120,16 @@ pub(super) fn healthy(index: usize, t: &tempfile::TempDir) -> NodeFacts {
     f.mtu = Some(Ok("9000\n".to_owned()));
     f.sysfs = Some(Ok(Box::new(DirSysfs::new(t.path()))));
     f.infiniband = true;
+    if index == 0 {
+        f.engine_files = Some(EngineFiles {
+            dir: "/data/spark-deploy/engine/0123456789ab".into(),
+            found: Ok(vec![
+                ("tensorfold-native".into(), true),
+                ("tf-dsv41-lanes".into(), true),
+            ]),
+        });
+        f.base_image = Some(Ok(Some(7 * GIB)));
+    }
     f
 }
 

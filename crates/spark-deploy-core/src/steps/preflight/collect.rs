@@ -1,17 +1,26 @@
 //! Collecting the raw facts of each node through its Exec and Docker ports (no decisions: see
 //! `preflight::decide`), and what the head's disk holds of the inputs.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
 use crate::config::NodeConfig;
+use crate::config::WorkerStorage;
 use crate::context::Context;
+use crate::engine::Engine;
 use crate::event::Level;
 use crate::event::StepKind;
 use crate::layout::NodeLayout;
 use crate::ports::exec::{Cmd, Exec};
-use crate::preflight::decide::{DiskFacts, DockerProbe, NodeFacts, error_chain};
-use crate::preflight::inputs::{HOME_PATH, HeadInputs, RANK_FILES_SCRIPT, SNAPSHOT_SCRIPT};
+use crate::preflight::decide::{
+    DiskFacts, DockerProbe, EngineFiles, Missing, NodeFacts, error_chain,
+};
+use crate::preflight::exports::EXPORTS_SCRIPT;
+use crate::preflight::inputs::{
+    HOME_PATH, HeadInputs, RANK_FILES_SCRIPT, SIZES_SCRIPT, SNAPSHOT_SCRIPT, SNAPSHOT_SIZES_SCRIPT,
+    Tree, parse_sizes,
+};
 use crate::preflight::roce::{self, Sysfs};
 use crate::preflight::sysfs_dump::{self, SysfsDump};
 
@@ -180,7 +189,31 @@ async fn disk_of(exec: &Exec, dir: &str) -> DiskFacts {
         dir: dir.to_owned(),
         df,
         missing: Vec::new(),
+        linked_from: None,
     }
+}
+
+/// `df` of `dir` or its nearest existing parent (creating nothing).
+async fn df_nearest(exec: &Exec, dir: &str) -> Result<String, String> {
+    text(
+        exec,
+        &Cmd::shell(format!(
+            "{HOME_PATH}p=\"$1\"; while [ ! -e \"$p\" ]; do p=$(dirname -- \"$p\"); done; df -Pk -- \"$p\" | tail -1"
+        ))
+        .args(["sh", dir]),
+    )
+    .await
+}
+
+/// [`SIZES_SCRIPT`] of `dir` on a node: relative path → bytes (nothing when unreadable).
+async fn sizes(exec: &Exec, dir: &str) -> BTreeMap<String, u64> {
+    let out = text(
+        exec,
+        &Cmd::shell(format!("{HOME_PATH}{SIZES_SCRIPT}")).args(["sh", dir]),
+    )
+    .await
+    .unwrap_or_default();
+    parse_sizes(&out)
 }
 
 /// The rank files and the cached checkpoint on the head, and `df` of the cache root (or its
@@ -205,18 +238,12 @@ async fn gather_head_inputs(ctx: &Context, exec: &Exec) -> (HeadInputs, DiskFact
     )
     .await
     .unwrap_or_default();
-    let df = text(
-        exec,
-        &Cmd::shell(format!(
-            "{HOME_PATH}p=\"$1\"; while [ ! -e \"$p\" ]; do p=$(dirname -- \"$p\"); done; df -Pk -- \"$p\" | tail -1"
-        ))
-        .args(["sh", &c.hub.cache]),
-    )
-    .await;
+    let df = df_nearest(exec, &c.hub.cache).await;
     let cache = DiskFacts {
         dir: c.hub.cache.clone(),
         df,
         missing: Vec::new(),
+        linked_from: None,
     };
     (
         HeadInputs::parse(&rank_files, &snapshot, c.nodes.len()),
@@ -227,6 +254,19 @@ async fn gather_head_inputs(ctx: &Context, exec: &Exec) -> (HeadInputs, DiskFact
 /// The checkpoint's weight bytes as the Hub lists them (its `*.safetensors` files), asked only
 /// when nothing on the head tells; `None` when the Hub does not answer within 20 s.
 async fn listed_checkpoint_bytes(ctx: &Context) -> Option<u64> {
+    let c = ctx.config().config();
+    let total: u64 = hub_listing(ctx, &c.model.id, &c.model.revision)
+        .await?
+        .iter()
+        .filter(|(p, _)| p.ends_with(".safetensors"))
+        .map(|(_, s)| s)
+        .sum();
+    (total > 0).then_some(total)
+}
+
+/// Every file of `repo` at `revision` with its size as the Hub lists it (metadata only, nothing
+/// downloaded); `None` when the Hub does not answer within 20 s.
+async fn hub_listing(ctx: &Context, repo: &str, revision: &str) -> Option<BTreeMap<String, u64>> {
     use crate::hub::{Hub, HubConfig};
     let c = ctx.config().config();
     let endpoint = (!c.hub.endpoint.is_empty()).then(|| c.hub.endpoint.clone());
@@ -240,14 +280,9 @@ async fn listed_checkpoint_bytes(ctx: &Context) -> Option<u64> {
     cfg.connect_timeout = std::time::Duration::from_secs(5);
     let ask = async {
         let hub = Hub::new(cfg).ok()?;
-        let repo = hub.resolve(&c.model.id, &c.model.revision).await.ok()?;
+        let repo = hub.resolve(repo, revision).await.ok()?;
         let files = hub.list_files(&repo).await.ok()?;
-        let total: u64 = files
-            .iter()
-            .filter(|f| f.path.ends_with(".safetensors"))
-            .map(|f| f.size)
-            .sum();
-        (total > 0).then_some(total)
+        Some(files.into_iter().map(|f| (f.path, f.size)).collect())
     };
     tokio::time::timeout(std::time::Duration::from_secs(20), ask)
         .await
@@ -348,6 +383,274 @@ pub(super) async fn settle_inputs(
         data.missing = inputs.missing_rank_files(&weights);
         cache.missing = inputs.missing_checkpoint(whole);
         head.disks.push(cache);
+    }
+}
+
+/// What the image step needs on the head (the engine binaries in its engine directory, the base
+/// image in its Docker) and, in `nfs` mode, the head's exports: collected before anything is
+/// downloaded, so a missing one stops the run at Preflight.
+pub(super) async fn gather_prerequisites(ctx: &Context, engine: &dyn Engine, head: &mut NodeFacts) {
+    if head.reach.is_err() {
+        return;
+    }
+    let c = ctx.config().config();
+    let Ok(exec) = ctx.exec(0).await else {
+        return;
+    };
+    let dir = NodeLayout::of(ctx.config(), &c.nodes[0]).engine_dir;
+    let present = sizes(exec, &dir).await;
+    head.engine_files = Some(EngineFiles {
+        found: Ok(engine
+            .binaries()
+            .into_iter()
+            .map(|b| {
+                let there = present.contains_key(&b);
+                (b, there)
+            })
+            .collect()),
+        dir,
+    });
+    if head.docker == DockerProbe::Reachable
+        && let Ok(d) = ctx.docker(0).await
+    {
+        head.base_image = Some(
+            d.inspect_image(&c.engine.base_image)
+                .await
+                .map(|i| i.map(|i| i.size.and_then(|s| u64::try_from(s).ok()).unwrap_or(0)))
+                .map_err(|e| error_chain(&e)),
+        );
+    }
+    if c.deployment.worker_storage == WorkerStorage::Nfs {
+        head.exports = Some(text(exec, &Cmd::shell(EXPORTS_SCRIPT)).await);
+    }
+}
+
+/// A tree of the head's HF cache (a repo's snapshot, `prefix` stripped, `keep` selecting): its
+/// complete listing from the cache when `complete` says the cache holds it all, else from the
+/// Hub's listing (metadata only), else unknown.
+async fn cached_tree(
+    ctx: &Context,
+    exec: &Exec,
+    what: &str,
+    (repo, revision): (&str, &str),
+    prefix: &str,
+    keep: &(dyn Fn(&str) -> bool + Sync),
+    complete: &(dyn Fn(&BTreeMap<String, u64>) -> bool + Sync),
+) -> Tree {
+    let c = ctx.config().config();
+    let select = |all: BTreeMap<String, u64>| -> BTreeMap<String, u64> {
+        all.into_iter()
+            .filter(|(p, _)| keep(p))
+            .filter_map(|(p, s)| p.strip_prefix(prefix).map(|p| (p.to_owned(), s)))
+            .collect()
+    };
+    let listing = text(
+        exec,
+        &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SIZES_SCRIPT}")).args([
+            "sh",
+            &c.hub.cache,
+            &crate::layout::repo_folder(repo),
+            revision,
+        ]),
+    )
+    .await
+    .unwrap_or_default();
+    let cached = select(parse_sizes(&listing));
+    let files = if complete(&cached) {
+        Some(cached.clone())
+    } else {
+        hub_listing(ctx, repo, revision).await.map(select)
+    };
+    Tree {
+        what: what.to_owned(),
+        files,
+        cached,
+    }
+}
+
+/// Disk need on every node beyond the checkpoint and the head's rank files: the Engram tables and
+/// the kit in the head's cache (hard-linked into its data directory), and each worker's own
+/// share — its rank file, the Engram tables, the kit, the engine binaries, the engine image in
+/// its Docker, and in `copy` mode the checkpoint's small files — less what it already holds.
+pub(super) async fn settle_shares(ctx: &Context, engine: &dyn Engine, facts: &mut [NodeFacts]) {
+    let c = ctx.config().config();
+    let m = &c.model;
+    let Some(head) = facts.first() else { return };
+    if head.reach.is_err() {
+        return;
+    }
+    let Ok(hx) = ctx.exec(0).await else { return };
+    let hl = NodeLayout::of(ctx.config(), &c.nodes[0]);
+    let engram_patterns = crate::hub::AllowPatterns::new(&m.engram_files).ok();
+    let is_engram = |p: &str| {
+        p.ends_with(".safetensors") && engram_patterns.as_ref().is_some_and(|a| a.is_match(p))
+    };
+    let engram_complete = |t: &BTreeMap<String, u64>| {
+        m.engram_files.iter().all(|pat| {
+            crate::hub::AllowPatterns::new(std::slice::from_ref(pat))
+                .is_ok_and(|a| t.keys().any(|k| a.is_match(k)))
+        })
+    };
+    let engram = cached_tree(
+        ctx,
+        hx,
+        "Engram tables",
+        (&m.engram_repo, &m.engram_revision),
+        "",
+        &is_engram,
+        &engram_complete,
+    )
+    .await;
+    let kit = cached_tree(
+        ctx,
+        hx,
+        "kit",
+        (&m.kit_repo, &m.kit_revision),
+        "kit/",
+        &|p: &str| p.starts_with("kit/"),
+        &|t: &BTreeMap<String, u64>| t.contains_key("MANIFEST"),
+    )
+    .await;
+    let small = {
+        let listing = text(
+            hx,
+            &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SIZES_SCRIPT}")).args([
+                "sh",
+                &c.hub.cache,
+                &crate::layout::repo_folder(&m.id),
+                &m.revision,
+            ]),
+        )
+        .await
+        .unwrap_or_default();
+        let files: BTreeMap<String, u64> = parse_sizes(&listing)
+            .into_iter()
+            .filter(|(p, _)| !p.ends_with(".safetensors"))
+            .collect();
+        Tree {
+            what: "checkpoint's small files".into(),
+            files: (!files.is_empty()).then_some(files),
+            cached: BTreeMap::new(),
+        }
+    };
+    let binaries = {
+        let names = engine.binaries();
+        let files: BTreeMap<String, u64> = sizes(hx, &hl.engine_dir)
+            .await
+            .into_iter()
+            .filter(|(p, _)| names.contains(p))
+            .collect();
+        Tree {
+            what: "engine binaries".into(),
+            files: Some(files),
+            cached: BTreeMap::new(),
+        }
+    };
+    let image_bytes = match ctx.docker(0).await {
+        Ok(d) => {
+            let size = |i: Option<bollard::models::ImageInspect>| {
+                i.and_then(|i| i.size).and_then(|s| u64::try_from(s).ok())
+            };
+            match size(d.inspect_image(&hl.image).await.ok().flatten()) {
+                Some(s) => Some(s),
+                None => size(d.inspect_image(&c.engine.base_image).await.ok().flatten()),
+            }
+        }
+        Err(_) => None,
+    };
+    // The head: the trees land in its cache, and are hard-linked into its data directory.
+    if let Some(head) = facts.first_mut() {
+        if let Some(cache) = head.disks.iter_mut().find(|d| d.dir == c.hub.cache) {
+            cache.missing.extend(engram.missing_in_cache());
+            cache.missing.extend(kit.missing_in_cache());
+        }
+        for (tree, dir) in [(&engram, &hl.engram_dir), (&kit, &hl.kit_dir)] {
+            let present = sizes(hx, dir).await;
+            head.disks.push(DiskFacts {
+                dir: dir.clone(),
+                df: df_nearest(hx, dir).await,
+                missing: tree.missing_at(&present).into_iter().collect(),
+                linked_from: Some(c.hub.cache.clone()),
+            });
+        }
+    }
+    let world = c.nodes.len();
+    for (i, f) in facts.iter_mut().enumerate().skip(1) {
+        if f.reach.is_err() {
+            continue;
+        }
+        let Ok(wx) = ctx.exec(i).await else { continue };
+        let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+        let mut need = Vec::new();
+        let rank_files = text(
+            wx,
+            &Cmd::shell(format!("{HOME_PATH}{RANK_FILES_SCRIPT}")).args(["sh", &wl.inputs_dir]),
+        )
+        .await
+        .unwrap_or_default();
+        let held = HeadInputs::parse(&rank_files, "", world)
+            .rank_files
+            .get(&i)
+            .copied();
+        if let Some(w) = f.rank_weights
+            && held != Some(w.bytes)
+        {
+            need.push(Missing {
+                what: format!("rank file {i}"),
+                bytes: w.bytes,
+            });
+        }
+        need.extend(engram.missing_at(&sizes(wx, &wl.engram_dir).await));
+        need.extend(kit.missing_at(&sizes(wx, &wl.kit_dir).await));
+        need.extend(binaries.missing_at(&sizes(wx, &wl.engine_dir).await));
+        if let Some(data) = f.disks.first_mut() {
+            data.missing.extend(need);
+        }
+        if c.deployment.worker_storage == WorkerStorage::Copy {
+            let mut present = BTreeMap::new();
+            if let Some(files) = &small.files {
+                // The worker's snapshot at the commit fetch resolves: measured by the same names.
+                let listing = text(
+                    wx,
+                    &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SIZES_SCRIPT}")).args([
+                        "sh",
+                        &wl.hf_cache,
+                        &crate::layout::repo_folder(&m.id),
+                        &m.revision,
+                    ]),
+                )
+                .await
+                .unwrap_or_default();
+                present = parse_sizes(&listing);
+                present.retain(|p, _| files.contains_key(p));
+            }
+            f.disks.push(DiskFacts {
+                dir: wl.hf_cache.clone(),
+                df: df_nearest(wx, &wl.hf_cache).await,
+                missing: small.missing_at(&present).into_iter().collect(),
+                linked_from: None,
+            });
+        }
+        // The engine image, loaded through the worker's Docker into its data root.
+        if let Ok(d) = ctx.docker(i).await
+            && let Ok(None) = d.inspect_image(&wl.image).await
+        {
+            let root = d
+                .info()
+                .await
+                .ok()
+                .and_then(|i| i.docker_root_dir)
+                .unwrap_or_else(|| "/var/lib/docker".to_owned());
+            f.disks.push(DiskFacts {
+                df: df_nearest(wx, &root).await,
+                dir: format!("{root} (Docker)"),
+                missing: vec![Missing {
+                    what: format!("engine image {}", wl.image),
+                    bytes: image_bytes.unwrap_or(0),
+                }],
+                linked_from: None,
+            });
+        }
     }
 }
 
