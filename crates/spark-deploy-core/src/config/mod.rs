@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 pub use schema::{
     ApiAuth, DeploymentConfig, EngineProfileName, NodeConfig, PreparePolicy, WorkerStorage,
+    repo_is_remote,
 };
 pub use validate::{ConfigWarning, FieldProblem, ValidatedConfig, validate};
 

@@ -350,6 +350,14 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
             "a tag different from engine.base_image (the image is built FROM the base)",
         );
     }
+    let repo = &config.engine.repo;
+    if !repo.is_empty() && !super::schema::repo_is_remote(repo) && !repo.starts_with('/') {
+        c.refuse(
+            "engine.repo",
+            format!("{repo:?}"),
+            "a git URL (https://…, ssh://…, git@host:path) or an absolute path to a repository on the head",
+        );
+    }
     for (i, p) in config.engine.patches.iter().enumerate() {
         if p.trim().is_empty() {
             c.refuse(
