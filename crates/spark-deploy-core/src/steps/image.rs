@@ -44,8 +44,10 @@ pub struct BuildImage {
     /// Patch files on the head.
     pub patches: Vec<String>,
     /// The engine's source (`engine.repo`); empty when the binaries are placed by hand.
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub repo: String,
     /// The build command, when the binaries are built from `repo`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub build_command: Option<Vec<String>>,
     /// Head first.
     pub nodes: Vec<ImageNode>,

@@ -3,6 +3,7 @@ use std::path::Path;
 use serde::Serialize;
 
 mod collect;
+mod engine_source;
 mod fabric_peers;
 
 use crate::config::ValidatedConfig;
@@ -33,6 +34,12 @@ pub struct Preflight {
     /// matches): `up` on a running deployment. A launch that must restart ranks after all runs
     /// the deferred checks first.
     pub skip_when_running: bool,
+    /// `engine.repo` (the engine is built from it when set).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub engine_repo: String,
+    /// `engine.base_image`.
+    #[serde(skip)]
+    pub base_image: String,
 }
 
 impl Preflight {
@@ -47,6 +54,8 @@ impl Preflight {
             rendezvous_port: c.engine.rendezvous_port,
             runtime: c.engine.runtime.clone(),
             skip_when_running: false,
+            engine_repo: c.engine.repo.clone(),
+            base_image: c.engine.base_image.clone(),
         }
     }
 
@@ -74,6 +83,9 @@ impl Preflight {
                 ];
                 if i == 0 {
                     checks.push(format!("ports: {} (API) and {} (rendezvous) free", self.api_port, self.rendezvous_port));
+                    if !self.engine_repo.is_empty() {
+                        checks.push(format!("engine: base image {} present (never pulled); {} reachable with the commit", self.base_image, self.engine_repo));
+                    }
                 }
                 Action::with(node, "collect facts and decide", ActionDetail::Checks { checks })
             })
@@ -158,6 +170,7 @@ impl Preflight {
             facts.push(f);
         }
         settle_inputs(ctx, &mut facts, head).await;
+        facts[0].engine_build = engine_source::collect(ctx).await;
         let api = format!("{}:{}", c.serving.host, c.serving.port);
         // A port held by this deployment's own running rank 0 is not a conflict (second `up`).
         let ours = match ctx.docker(0).await {

@@ -5,10 +5,12 @@
 //!
 //! One module per check family: [`access`] (SSH / local Exec, sudo, Docker), [`gpu`] (the
 //! container runtime, other GPU users, the driver, clocks), [`memory`] (the floor and the
-//! budget), [`disk`], [`fabric`] (route, address, RoCE, MTU) and [`ports`].
+//! budget), [`disk`], [`fabric`] (route, address, RoCE, MTU), [`ports`] and [`engine_build`] (the
+//! engine's base image and source, when BuildImage builds the engine).
 
 pub mod access;
 pub mod disk;
+pub mod engine_build;
 pub mod fabric;
 pub mod gpu;
 pub mod memory;
@@ -149,6 +151,8 @@ pub struct NodeFacts {
     pub infiniband: bool,
     /// Ports that must be free on this node.
     pub ports: Vec<PortProbe>,
+    /// Head, with `engine.repo` set: the base image and the source of the engine build.
+    pub engine_build: Option<engine_build::EngineBuildFacts>,
 }
 
 impl NodeFacts {
@@ -179,6 +183,7 @@ impl NodeFacts {
             sysfs: None,
             infiniband: false,
             ports: Vec::new(),
+            engine_build: None,
         }
     }
 }
@@ -221,6 +226,7 @@ fn decide_node(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Detec
     d.gpu = gpu::decide(s, f, out);
     memory::decide(s, f, out);
     disk::decide(f, out);
+    engine_build::decide(f, out);
     fabric::decide(f, out, &mut d);
     d
 }
