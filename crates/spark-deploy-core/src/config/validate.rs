@@ -451,7 +451,7 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     {
         c.refuse(
             "storage.worker_tree",
-            &format!("{:?}", config.storage.worker_tree),
+            format!("{:?}", config.storage.worker_tree),
             "the absolute path of the worker's HF cache tree (holding hub/models--…), required by deployment.worker_storage = \"local\"",
         );
     }

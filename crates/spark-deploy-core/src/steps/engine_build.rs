@@ -59,7 +59,7 @@ pub enum BuildError {
         /// The first 12 hex of the commit.
         commit: String,
         /// Where and why, from git's output.
-        failure: PatchFailure,
+        failure: Box<PatchFailure>,
     },
     /// The build command exited non-zero.
     #[error(
@@ -509,7 +509,10 @@ async fn build(
                 path: path.clone(),
                 index,
                 commit: short_commit,
-                failure: parse_apply_error(&String::from_utf8_lossy(&check.stderr), text),
+                failure: Box::new(parse_apply_error(
+                    &String::from_utf8_lossy(&check.stderr),
+                    text,
+                )),
             });
         }
         run_git(exec, git(&src).args(["apply", path.as_str()])).await?;
