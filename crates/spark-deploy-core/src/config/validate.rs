@@ -659,6 +659,25 @@ mod tests {
     }
 
     #[test]
+    fn engine_repo_is_a_url_or_an_absolute_path() {
+        assert_eq!(
+            refused_field(|c| c.engine.repo = "engine-src".into()),
+            "engine.repo"
+        );
+        for ok in [
+            "",
+            "/srv/tensorfold",
+            "https://example.org/tensorfold.git",
+            "ssh://git@example.org/tensorfold.git",
+            "git@example.org:org/tensorfold.git",
+        ] {
+            assert!(check(|c| c.engine.repo = ok.into()).is_ok(), "{ok}");
+        }
+        assert!(crate::config::repo_is_remote("git@example.org:org/x.git"));
+        assert!(!crate::config::repo_is_remote("/srv/a:b/x"));
+    }
+
+    #[test]
     fn defaults_pass_with_warnings() {
         let v = check(|_| {}).unwrap();
         let fields: Vec<_> = v.warnings().iter().map(|w| w.field.as_str()).collect();
