@@ -83,6 +83,12 @@ pub enum BuildError {
         /// The kept log.
         log: PathBuf,
     },
+    /// The run was cancelled during the build (its container is removed).
+    #[error("the engine build was cancelled; its log so far is at {log}")]
+    Cancelled {
+        /// The log so far.
+        log: PathBuf,
+    },
     /// Docker on the head failed around the build container.
     #[error("running the build container: {0}")]
     Docker(#[from] DockerError),
@@ -116,6 +122,7 @@ impl BuildError {
                 "read the build log {}, fix what it names (a patch, or the toolchain in {base_image}), then run `spark-deploy up` again",
                 log.display()
             ),
+            Self::Cancelled { .. } => "run `spark-deploy up` again to build".to_owned(),
             Self::Docker(_) => format!("Docker on the head must run containers of {base_image}"),
             Self::Exec(_) => "git must be installed on the head".to_owned(),
             Self::Io { .. } => "the head's data_dir must be writable".to_owned(),
@@ -580,7 +587,14 @@ async fn build(
         );
     };
     let name = format!("spark-deploy-engine-build-{}", &key[..12]);
-    let code = docker.run_to_end(&name, body, &mut on_line).await?;
+    let code = tokio::select! {
+        r = docker.run_to_end(&name, body, &mut on_line) => r?,
+        () = ctx.cancelled() => {
+            // The build container goes with the cancelled run; the checkout stays for the next.
+            let _ = docker.remove_container(&name).await;
+            return Err(BuildError::Cancelled { log: log_path });
+        }
+    };
     let build_s = started.elapsed().as_secs_f64();
     if code != 0 {
         return Err(BuildError::Failed {
