@@ -32,6 +32,15 @@ pub struct NodeLayout {
     pub image: String,
 }
 
+/// Where BuildImage builds the engine on `node` (the head): `<data_dir>/engine-build`, holding the
+/// checkout (`src/`), the output directory of the running build (`out/`), the tools' cache kept
+/// between builds (`tool-cache/`), the build logs (`logs/`) and the cached builds by key
+/// (`cache/<key>/`).
+#[must_use]
+pub fn engine_build_dir(node: &NodeConfig) -> String {
+    format!("{}/engine-build", node.data_dir.trim_end_matches('/'))
+}
+
 /// The `models--owner--name` folder name of a repo in an HF cache.
 #[must_use]
 pub fn repo_folder(repo: &str) -> String {

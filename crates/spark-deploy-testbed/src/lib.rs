@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod demo;
 pub mod deployment;
 pub mod engine;
+pub mod engine_build;
 pub mod host_facts;
 pub mod hub_server;
 pub mod reuse;

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 pub use schema::{
     ApiAuth, DeploymentConfig, EngineProfileName, HealPolicy, NodeConfig, PreparePolicy,
-    WatchSection, WorkerStorage,
+    WatchSection, WorkerStorage, repo_is_remote,
 };
 pub use validate::{ConfigWarning, FieldProblem, ValidatedConfig, validate};
 

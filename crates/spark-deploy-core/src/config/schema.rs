@@ -266,6 +266,14 @@ impl Default for ServingSection {
     }
 }
 
+/// Whether `engine.repo` names a remote repository (a URL or scp-like `host:path`) rather than a
+/// path on the head.
+#[must_use]
+pub fn repo_is_remote(repo: &str) -> bool {
+    repo.contains("://")
+        || (!repo.starts_with('/') && repo.split('/').next().is_some_and(|h| h.contains(':')))
+}
+
 /// `[engine]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -276,10 +284,14 @@ pub struct EngineSection {
     /// The qualified base the image is built from (the container the kit was captured in); never
     /// pulled by spark-deploy: it must be present on the head.
     pub base_image: String,
-    /// Patch files (paths on the head) carried into the image and hashed into its content label.
+    /// Patch files (paths on the head), applied in order to the engine's checkout before the build
+    /// (with `repo`), carried into the image and hashed into its content label.
     pub patches: Vec<String>,
     /// Engine commit the binaries are built from (label and cache key).
     pub commit: String,
+    /// Where BuildImage gets the engine's source: a git URL or a local path (a repository holding
+    /// `commit`). Empty: the binaries must already be in the head's engine directory.
+    pub repo: String,
     /// Rendezvous TCP port on the head's fabric address (`TF_TP_PORT`).
     pub rendezvous_port: u16,
     /// The container runtime both ranks run under (`--runtime`); preflight checks that every
@@ -313,6 +325,7 @@ impl Default for EngineSection {
             base_image: DEFAULT_IMAGE.into(),
             patches: Vec::new(),
             commit: "59402086381a42c74d53053443224eec2790b4c5".into(),
+            repo: String::new(),
             rendezvous_port: 29620,
             runtime: "nvidia".into(),
             replay_floor: true,

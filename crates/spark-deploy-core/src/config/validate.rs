@@ -353,6 +353,14 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
             "a tag different from engine.base_image (the image is built FROM the base)",
         );
     }
+    let repo = &config.engine.repo;
+    if !repo.is_empty() && !super::schema::repo_is_remote(repo) && !repo.starts_with('/') {
+        c.refuse(
+            "engine.repo",
+            format!("{repo:?}"),
+            "a git URL (https://…, ssh://…, git@host:path) or an absolute path to a repository on the head",
+        );
+    }
     for (i, p) in config.engine.patches.iter().enumerate() {
         if p.trim().is_empty() {
             c.refuse(
@@ -719,6 +727,25 @@ mod tests {
         })
         .unwrap();
         assert_eq!(v.config().nodes[1].sysfs_root, "/srv/facts/sys");
+    }
+
+    #[test]
+    fn engine_repo_is_a_url_or_an_absolute_path() {
+        assert_eq!(
+            refused_field(|c| c.engine.repo = "engine-src".into()),
+            "engine.repo"
+        );
+        for ok in [
+            "",
+            "/srv/tensorfold",
+            "https://example.org/tensorfold.git",
+            "ssh://git@example.org/tensorfold.git",
+            "git@example.org:org/tensorfold.git",
+        ] {
+            assert!(check(|c| c.engine.repo = ok.into()).is_ok(), "{ok}");
+        }
+        assert!(crate::config::repo_is_remote("git@example.org:org/x.git"));
+        assert!(!crate::config::repo_is_remote("/srv/a:b/x"));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! layers byte-identical to the container the kit was captured in) that carries the patch files
 //! and the engine commit. Its identity is the content label: sha256 over the base reference and
 //! the base's image ID on the head (a re-imported or updated base is another base), the engine
-//! commit, the Dockerfile's sha256 and each patch file's name and sha256, in order. Two
+//! commit, the Dockerfile's sha256, each patch file's name and sha256, in order, and each engine
+//! binary's name and sha256 (the files both ranks mount from the engine directory). Two
 //! nodes run the same image exactly when their labels are equal, whatever the image IDs.
 
 use std::path::{Path, PathBuf};
@@ -51,7 +52,8 @@ pub struct ImageContext {
 pub const PATCH_DIR: &str = "/opt/spark-deploy/patches";
 
 impl ImageContext {
-    /// Reads the patch files and derives the Dockerfile and the content label.
+    /// Reads the patch files and derives the Dockerfile and the content label, which also covers
+    /// `binaries` (`(name, sha256)` of each engine file, in the profile's order).
     ///
     /// # Errors
     ///
@@ -61,6 +63,7 @@ impl ImageContext {
         base_id: &str,
         commit: &str,
         patches: &[String],
+        binaries: &[(String, String)],
     ) -> Result<Self, ContextError> {
         let mut read = Vec::new();
         for p in patches {
@@ -94,6 +97,9 @@ impl ImageContext {
                 "patch {name} {}\n",
                 hex::encode(Sha256::digest(bytes))
             ));
+        }
+        for (name, sha) in binaries {
+            h.update(format!("binary {name} {sha}\n"));
         }
         Ok(Self {
             dockerfile,
@@ -137,39 +143,49 @@ mod tests {
         let p = t.path().join("fix.patch");
         std::fs::write(&p, b"--- a\n+++ b\n").unwrap();
         let patches = vec![p.display().to_string()];
-        let a = ImageContext::new("base:1", "sha256:b1", "c1", &patches).unwrap();
+        let a = ImageContext::new("base:1", "sha256:b1", "c1", &patches, &[]).unwrap();
         assert_eq!(
             a,
-            ImageContext::new("base:1", "sha256:b1", "c1", &patches).unwrap()
+            ImageContext::new("base:1", "sha256:b1", "c1", &patches, &[]).unwrap()
         );
         assert_ne!(
             a.content,
-            ImageContext::new("base:1", "sha256:b1", "c2", &patches)
+            ImageContext::new("base:1", "sha256:b1", "c2", &patches, &[])
                 .unwrap()
                 .content
         );
         assert_ne!(
             a.content,
-            ImageContext::new("base:2", "sha256:b1", "c1", &patches)
+            ImageContext::new("base:2", "sha256:b1", "c1", &patches, &[])
                 .unwrap()
                 .content
         );
         assert_ne!(
             a.content,
-            ImageContext::new("base:1", "sha256:b1", "c1", &[])
+            ImageContext::new("base:1", "sha256:b1", "c1", &[], &[])
                 .unwrap()
                 .content
         );
         assert_ne!(
             a.content,
-            ImageContext::new("base:1", "sha256:b2", "c1", &patches)
+            ImageContext::new("base:1", "sha256:b2", "c1", &patches, &[])
                 .unwrap()
                 .content
         );
         std::fs::write(&p, b"--- a\n+++ c\n").unwrap();
         assert_ne!(
             a.content,
-            ImageContext::new("base:1", "sha256:b1", "c1", &patches)
+            ImageContext::new("base:1", "sha256:b1", "c1", &patches, &[])
+                .unwrap()
+                .content
+        );
+        let bins = [("tensorfold-native".to_owned(), "aa".to_owned())];
+        let with_bins = ImageContext::new("base:1", "sha256:b1", "c1", &patches, &bins).unwrap();
+        assert_ne!(a.content, with_bins.content);
+        let other_bins = [("tensorfold-native".to_owned(), "ab".to_owned())];
+        assert_ne!(
+            with_bins.content,
+            ImageContext::new("base:1", "sha256:b1", "c1", &patches, &other_bins)
                 .unwrap()
                 .content
         );
@@ -181,7 +197,8 @@ mod tests {
         names.sort();
         assert_eq!(names, ["Dockerfile", "patches/SERIES", "patches/fix.patch"]);
         let missing =
-            ImageContext::new("b", "sha256:b1", "c", &["/nonexistent/x.patch".into()]).unwrap_err();
+            ImageContext::new("b", "sha256:b1", "c", &["/nonexistent/x.patch".into()], &[])
+                .unwrap_err();
         assert!(
             missing.to_string().contains("/nonexistent/x.patch"),
             "{missing}"
@@ -191,6 +208,7 @@ mod tests {
             "sha256:b1",
             "c",
             &[patches[0].clone(), patches[0].clone()],
+            &[],
         )
         .unwrap_err();
         assert!(dup.to_string().contains("fix.patch"), "{dup}");

@@ -15,7 +15,7 @@ pub mod tensorfold;
 
 pub use limits::{EngineLimits, MemoryModel};
 pub use profile::{
-    ApiEndpoint, Engine, FingerprintError, ProbeError, RankSlots, Readiness, ServingSignals,
-    StepPlan,
+    ApiEndpoint, BuildRecipe, Engine, FingerprintError, ProbeError, RankSlots, Readiness,
+    ServingSignals, StepPlan,
 };
 pub use registry::for_config;

@@ -168,6 +168,30 @@ pub struct RankSlots {
     pub env: Vec<String>,
 }
 
+/// How a profile builds its binaries from source (BuildImage, with `engine.repo` set): a command run
+/// in a throwaway container of `engine.base_image` with the patched checkout mounted at
+/// [`BuildRecipe::SRC`] (the working directory), an empty output directory at [`BuildRecipe::OUT`]
+/// and a cache directory kept between builds at [`BuildRecipe::CACHE`] (also `HOME`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BuildRecipe {
+    /// The argv, run as is (no shell).
+    pub command: Vec<String>,
+    /// Extra environment of the build container.
+    pub env: Vec<(String, String)>,
+    /// What to collect: a path under [`BuildRecipe::OUT`] → the engine file name it becomes (one
+    /// of [`Engine::binaries`]).
+    pub outputs: Vec<(String, String)>,
+}
+
+impl BuildRecipe {
+    /// Where the patched checkout is mounted (the working directory).
+    pub const SRC: &'static str = "/src";
+    /// The empty output directory the command installs into.
+    pub const OUT: &'static str = "/out";
+    /// A directory kept between builds (tool caches); `HOME` points here.
+    pub const CACHE: &'static str = "/cache";
+}
+
 /// An engine profile. Steps call these; nothing outside `engine/` names an implementation but
 /// [`super::registry`].
 ///
@@ -190,6 +214,12 @@ pub trait Engine: Send + Sync + Debug {
 
     /// Engine files (names in the head's engine directory) every node must hold identically.
     fn binaries(&self) -> Vec<String>;
+
+    /// How the binaries are built from `engine.repo`; `None` (the default) when the profile has no
+    /// build, and the binaries must be put in the head's engine directory by hand.
+    fn build_recipe(&self, _config: &ValidatedConfig) -> Option<BuildRecipe> {
+        None
+    }
 
     /// The memory one rank needs, for preflight's budget.
     fn memory(&self, config: &ValidatedConfig) -> MemoryModel;

@@ -357,7 +357,7 @@ pub fn render(config: &ValidatedConfig, lws: &LeaderWorkerSet) -> Result<String,
                 "annotations:",
                 "The image by content: Kubernetes knows an image by its reference, spark-deploy \
                  by the io.spark-deploy.content label BuildImage puts on it (sha256 of base, \
-                 engine commit, Dockerfile, patches). The annotation records the content the \
+                 engine commit, Dockerfile, patches, engine binaries). The annotation records the content the \
                  reference must hold (docker image inspect shows the label) and, being part of \
                  the pod template, changes the template's revision when the content changes, so \
                  LWS replaces the whole group even when the tag stays the same.",

@@ -85,6 +85,12 @@ pub enum Check {
     /// The rendezvous port is free on the head's fabric address.
     #[serde(rename = "port.rendezvous")]
     PortRendezvous,
+    /// The image the engine is built in is present on the head.
+    #[serde(rename = "engine.base_image")]
+    EngineBaseImage,
+    /// The engine's repository is reachable and holds the commit.
+    #[serde(rename = "engine.source")]
+    EngineSource,
 }
 
 impl Check {
@@ -114,6 +120,8 @@ impl Check {
             Self::FabricMtu => "fabric.mtu",
             Self::PortApi => "port.api",
             Self::PortRendezvous => "port.rendezvous",
+            Self::EngineBaseImage => "engine.base_image",
+            Self::EngineSource => "engine.source",
         }
     }
 }

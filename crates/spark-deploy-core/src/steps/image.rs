@@ -18,6 +18,8 @@ use crate::layout::NodeLayout;
 use crate::ports::docker::DockerNode;
 use crate::transfer::expand;
 
+use super::engine_build;
+
 /// One node's side of the image step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ImageNode {
@@ -41,6 +43,12 @@ pub struct BuildImage {
     pub commit: String,
     /// Patch files on the head.
     pub patches: Vec<String>,
+    /// The engine's source (`engine.repo`); empty when the binaries are placed by hand.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub repo: String,
+    /// The build command, when the binaries are built from `repo`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub build_command: Option<Vec<String>>,
     /// Head first.
     pub nodes: Vec<ImageNode>,
     /// The engine's files in each node's engine directory.
@@ -53,7 +61,14 @@ impl BuildImage {
     #[must_use]
     pub fn new(engine: &dyn Engine, config: &ValidatedConfig) -> Self {
         let c = config.config();
+        let build_command = if c.engine.repo.is_empty() {
+            None
+        } else {
+            engine.build_recipe(config).map(|r| r.command)
+        };
         Self {
+            repo: c.engine.repo.clone(),
+            build_command,
             binaries: engine.binaries(),
             base_image: c.engine.base_image.clone(),
             commit: c.engine.commit.clone(),
@@ -81,8 +96,18 @@ impl BuildImage {
             .enumerate()
             .map(|(i, n)| {
                 let how = if i == 0 {
+                    let engine = match &self.build_command {
+                        Some(cmd) => format!(
+                            "build engine {short} from {} with {} patch file(s) applied in order (`{}` in a throwaway container of {}, cached by commit, patches, base image ID and command); ",
+                            self.repo,
+                            self.patches.len(),
+                            cmd.join(" "),
+                            self.base_image
+                        ),
+                        None => String::new(),
+                    };
                     format!(
-                        "build {} FROM {} (engine {short}, {} patch file(s)) unless its content label matches",
+                        "{engine}build {} FROM {} (engine {short}, {} patch file(s), the binaries' sha256) unless its content label matches",
                         n.image,
                         self.base_image,
                         self.patches.len()
@@ -136,15 +161,35 @@ impl BuildImage {
         let fail =
             |e: BoxError, remedy: String| StepFailure::new(StepKind::BuildImage, e, Some(remedy));
         let head = &self.nodes[0];
-        for bin in &self.binaries {
-            if !Path::new(&head.engine_dir).join(bin).is_file() {
-                return Err(fail(
-                    format!("{}/{bin} is missing on {}", head.engine_dir, head.node).into(),
+        let c = ctx.config().config();
+        let recipe = if self.repo.is_empty() {
+            None
+        } else {
+            Some(engine.build_recipe(ctx.config()).ok_or_else(|| {
+                fail(
                     format!(
-                        "build engine {} (`zig build install native ...` in a throwaway container of {}, see docs/engine-contract.md) into {}",
-                        self.commit, self.base_image, head.engine_dir
+                        "engine.repo is set, but the {} profile has no build",
+                        engine.name()
+                    )
+                    .into(),
+                    format!(
+                        "clear engine.repo and put the binaries in {} on {}",
+                        head.engine_dir, head.node
                     ),
-                ));
+                )
+            })?)
+        };
+        if recipe.is_none() {
+            for bin in &self.binaries {
+                if !Path::new(&head.engine_dir).join(bin).is_file() {
+                    return Err(fail(
+                        format!("{}/{bin} is missing on {}", head.engine_dir, head.node).into(),
+                        format!(
+                            "set engine.repo to the engine's git URL or a local checkout so BuildImage builds engine {} (docs/engine-contract.md, \"Building the engine\"), or build it yourself into {}",
+                            self.commit, head.engine_dir
+                        ),
+                    ));
+                }
             }
         }
         let hd = ctx.docker(0).await.map_err(|e| {
@@ -164,14 +209,68 @@ impl BuildImage {
                     "load it there (`docker load -i <file>`, or pull it on a machine with registry access and ship it) — spark-deploy never pulls".into(),
                 )
             })?;
-        let context = ImageContext::new(&self.base_image, &base_id, &self.commit, &self.patches)
-            .map_err(|e| {
+        let mut work = Vec::new();
+        let mut cached = None;
+        if let Some(recipe) = &recipe {
+            let build_dir = crate::layout::engine_build_dir(&c.nodes[0]);
+            let inputs = engine_build::BuildInputs {
+                repo: &self.repo,
+                commit: &self.commit,
+                patches: &self.patches,
+                base_image: &self.base_image,
+                base_id: &base_id,
+                node: &head.node,
+                build_dir: Path::new(&build_dir),
+                engine_dir: Path::new(&head.engine_dir),
+            };
+            let built = engine_build::ensure(ctx, hd, &inputs, recipe)
+                .await
+                .map_err(|e| {
+                    let remedy = e.remedy(&self.base_image);
+                    fail(Box::new(e), remedy)
+                })?;
+            let key = &built.record.key[..16];
+            if built.built {
+                work.push(format!(
+                    "engine built in {:.1} s (key {key})",
+                    built.record.build_s
+                ));
+            } else {
+                cached = Some(format!("engine build cached (key {key}): 0 s of build"));
+            }
+            if built.installed > 0 {
+                work.push(format!(
+                    "{} engine binar{} installed into {}",
+                    built.installed,
+                    if built.installed == 1 { "y" } else { "ies" },
+                    head.engine_dir
+                ));
+            }
+        }
+        let mut hashes = Vec::new();
+        for bin in &self.binaries {
+            let path = Path::new(&head.engine_dir).join(bin);
+            let sha = crate::digest::sha256_file(&path).map_err(|e| {
                 fail(
-                    Box::new(e),
-                    "every file in engine.patches must exist and be readable on the head".into(),
+                    format!("reading {}: {e}", path.display()).into(),
+                    format!("{bin} must be readable on {}", head.node),
                 )
             })?;
-        let mut work = Vec::new();
+            hashes.push((bin.clone(), sha));
+        }
+        let context = ImageContext::new(
+            &self.base_image,
+            &base_id,
+            &self.commit,
+            &self.patches,
+            &hashes,
+        )
+        .map_err(|e| {
+            fail(
+                Box::new(e),
+                "every file in engine.patches must exist and be readable on the head".into(),
+            )
+        })?;
         let built = self
             .build_on_head(ctx, hd, &context)
             .await
@@ -231,9 +330,10 @@ impl BuildImage {
             })?;
         let short: String = context.content.chars().take(12).collect();
         if work.is_empty() {
+            let build = cached.map_or_else(String::new, |c| format!("{c}; "));
             return Ok(Outcome::Skipped {
                 reason: format!(
-                    "image content {short} on every node, engine binaries present and verified"
+                    "{build}image content {short} on every node, engine binaries present and verified"
                 ),
             });
         }

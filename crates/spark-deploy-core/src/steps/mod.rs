@@ -1,6 +1,7 @@
 //! The typed steps. Each holds the data it needs (computed from the validated config when the plan
 //! is built) and can describe its actions per node; running them goes through the effect ports.
 
+pub mod engine_build;
 mod fetch;
 mod image;
 mod launch;

@@ -3,6 +3,7 @@ use std::path::Path;
 use serde::Serialize;
 
 mod collect;
+mod engine_source;
 mod fabric_peers;
 
 use crate::config::ValidatedConfig;
@@ -35,6 +36,12 @@ pub struct Preflight {
     /// matches): `up` on a running deployment. A launch that must restart ranks after all runs
     /// the deferred checks first.
     pub skip_when_running: bool,
+    /// `engine.repo` (the engine is built from it when set).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub engine_repo: String,
+    /// `engine.base_image`.
+    #[serde(skip)]
+    pub base_image: String,
 }
 
 impl Preflight {
@@ -49,6 +56,8 @@ impl Preflight {
             rendezvous_port: c.engine.rendezvous_port,
             runtime: c.engine.runtime.clone(),
             skip_when_running: false,
+            engine_repo: c.engine.repo.clone(),
+            base_image: c.engine.base_image.clone(),
         }
     }
 
@@ -81,6 +90,9 @@ impl Preflight {
                 if i == 0 {
                     checks.push("engine: the binaries BuildImage ships are in the engine directory; the base image is in Docker (never pulled); nfs mode: the cache exported read-only to every worker".to_owned());
                     checks.push(format!("ports: {} (API) and {} (rendezvous) free", self.api_port, self.rendezvous_port));
+                    if !self.engine_repo.is_empty() {
+                        checks.push(format!("engine: base image {} present (never pulled); {} reachable with the commit", self.base_image, self.engine_repo));
+                    }
                 }
                 Action::with(node, "collect facts and decide", ActionDetail::Checks { checks })
             })
@@ -174,6 +186,7 @@ impl Preflight {
             facts.push(f);
         }
         settle_inputs(ctx, &mut facts, head).await;
+        facts[0].engine_build = engine_source::collect(ctx).await;
         // Boxed: these futures hold many awaits, kept off the stack of whoever polls the plan.
         if let Some(h) = facts.first_mut() {
             Box::pin(gather_prerequisites(ctx, engine, h)).await;

@@ -17,7 +17,8 @@ use super::labels;
 
 /// Bumped when the recipe changes in a way its inputs do not show.
 const RECIPE_VERSION: &str = "1";
-/// Packages of the node image.
+/// Packages of the node image. `tcc` and `libc6-dev` make it the engine build's base too
+/// (`engine_build::BUILD_BASE` compiles the testbed's C engine with them).
 pub const PACKAGES: &[&str] = &[
     "openssh-server",
     "iproute2",
@@ -25,6 +26,8 @@ pub const PACKAGES: &[&str] = &[
     "curl",
     "rsync",
     "openssl",
+    "tcc",
+    "libc6-dev",
 ];
 /// The candidate apt sources files, in order of preference.
 pub const APT_SOURCES: &[&str] = &[

@@ -11,6 +11,8 @@ mod rank_inputs;
 mod worker_inputs;
 
 pub use profile::TensorfoldDsv41;
+#[cfg(test)]
+pub(crate) use profile::build_recipe;
 pub use rank_inputs::{RankInputs, RankOutput};
 
 use super::EngineLimits;

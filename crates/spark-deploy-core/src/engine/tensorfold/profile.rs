@@ -10,8 +10,8 @@ use crate::container::ContainerSpec;
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail, Transfer};
 use crate::engine::{
-    ApiEndpoint, Engine, EngineLimits, FingerprintError, MemoryModel, ProbeError, Readiness,
-    ServingSignals, StepPlan,
+    ApiEndpoint, BuildRecipe, Engine, EngineLimits, FingerprintError, MemoryModel, ProbeError,
+    Readiness, ServingSignals, StepPlan,
 };
 use crate::event::StepKind;
 use crate::facts::DeploymentFacts;
@@ -25,6 +25,42 @@ pub struct TensorfoldDsv41;
 
 fn binary_name(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_owned()
+}
+
+/// The TP=2 branch's build (docs/engine-contract.md, "Building the engine"): the native target for
+/// the Spark's GB10 (aarch64, `sm_121`) with CUDA's `nvcc` of the base image, installed under
+/// [`BuildRecipe::OUT`], whose `bin/` then holds both binaries. Zig's global cache is kept between
+/// builds.
+#[must_use]
+pub(crate) fn build_recipe() -> BuildRecipe {
+    let out = BuildRecipe::OUT;
+    BuildRecipe {
+        command: [
+            "zig",
+            "build",
+            "install",
+            "native",
+            "-Dtarget=aarch64-linux-gnu",
+            "-Doptimize=ReleaseSafe",
+            "-Dnvcc=/usr/local/cuda/bin/nvcc",
+            "-Dsm=121",
+            "--prefix",
+            out,
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        env: vec![(
+            "ZIG_GLOBAL_CACHE_DIR".to_owned(),
+            format!("{}/zig", BuildRecipe::CACHE),
+        )],
+        outputs: [SERVER_BIN, FOLLOWER_BIN]
+            .iter()
+            .map(|b| {
+                let name = binary_name(b);
+                (format!("bin/{name}"), name)
+            })
+            .collect(),
+    }
 }
 
 #[async_trait]
@@ -47,6 +83,10 @@ impl Engine for TensorfoldDsv41 {
 
     fn binaries(&self) -> Vec<String> {
         vec![binary_name(SERVER_BIN), binary_name(FOLLOWER_BIN)]
+    }
+
+    fn build_recipe(&self, _config: &ValidatedConfig) -> Option<BuildRecipe> {
+        Some(build_recipe())
     }
 
     fn memory(&self, _config: &ValidatedConfig) -> MemoryModel {

@@ -80,6 +80,7 @@ impl fmt::Display for Via {
 mod error;
 mod images;
 mod ops;
+mod throwaway;
 
 pub use error::DockerError;
 

@@ -102,6 +102,11 @@ pub fn base_image(s: &Settings, node: &str, probe: &Result<Option<u64>, String>)
 }
 
 pub(super) fn decide(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
+    // With `engine.repo` set, BuildImage builds the binaries; its own rows (`engine_build`) check
+    // the base image and the source instead.
+    if f.engine_build.is_some() {
+        return;
+    }
     if let Some(e) = &f.engine_files {
         out.push(engine_binaries(s, &f.name, e));
     }

@@ -6,12 +6,14 @@
 //! One module per check family: [`access`] (SSH / local Exec, sudo, Docker), [`gpu`] (the
 //! container runtime, other GPU users, the driver, clocks), [`memory`] (the floor and the
 //! budget, and the largest CONTEXT that fits when it is 0), [`disk`], [`fabric`] (route, address,
-//! RoCE, MTU), [`ports`], [`build`] (the engine binaries and the base image the image step needs)
-//! and [`storage`] (the head's NFS export in `nfs` mode).
+//! RoCE, MTU), [`ports`], [`build`] (the engine binaries and the base image the image step needs),
+//! [`engine_build`] (the engine's source, when BuildImage builds the engine) and [`storage`] (the
+//! head's NFS export in `nfs` mode).
 
 pub mod access;
 pub mod build;
 pub mod disk;
+pub mod engine_build;
 pub mod fabric;
 pub mod gpu;
 pub mod memory;
@@ -179,6 +181,8 @@ pub struct NodeFacts {
     pub base_image: Option<Result<Option<u64>, String>>,
     /// Head, `nfs` mode: the text of its exports files (`/etc/exports`, `/etc/exports.d/*`).
     pub exports: Option<Result<String, String>>,
+    /// Head, with `engine.repo` set: the base image and the source of the engine build.
+    pub engine_build: Option<engine_build::EngineBuildFacts>,
 }
 
 impl NodeFacts {
@@ -212,6 +216,7 @@ impl NodeFacts {
             engine_files: None,
             base_image: None,
             exports: None,
+            engine_build: None,
         }
     }
 }
@@ -257,6 +262,7 @@ fn decide_node(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) -> Detec
     memory::decide(s, f, out);
     disk::decide(f, out);
     build::decide(s, f, out);
+    engine_build::decide(f, out);
     fabric::decide(f, out, &mut d);
     d
 }

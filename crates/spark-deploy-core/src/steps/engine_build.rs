@@ -1,0 +1,762 @@
+//! BuildImage's engine build (with `engine.repo` set): the engine's source at `engine.commit` is
+//! checked out under the head's `<data_dir>/engine-build/src`, `engine.patches` are applied in
+//! order (each checked with `git apply --check` first), and the profile's [`BuildRecipe`] runs in
+//! a throwaway container of `engine.base_image` with the checkout mounted. The binaries it names
+//! are collected with their sha256 into `cache/<key>/`, keyed by [`cache_key`] (commit, patch
+//! hashes, base image ID, build command), so a re-run with the same inputs builds nothing; then
+//! they are installed into the head's engine directory.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use bollard::models::{ContainerCreateBody, HostConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::context::Context;
+use crate::digest::sha256_file;
+use crate::engine::BuildRecipe;
+use crate::event::{Level, StepKind};
+use crate::ports::{Cmd, DockerError, DockerNode, Exec, ExecError};
+
+/// Why the engine could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A git command on the head failed.
+    #[error("`{command}` failed on the head: {detail}")]
+    Git {
+        /// The command.
+        command: String,
+        /// Its error output.
+        detail: String,
+    },
+    /// The repository does not hold the commit (after fetching it).
+    #[error("engine.repo {repo} has no commit {commit} ({detail})")]
+    NoCommit {
+        /// `engine.repo`.
+        repo: String,
+        /// `engine.commit`.
+        commit: String,
+        /// What the fetch said.
+        detail: String,
+    },
+    /// A patch file could not be read.
+    #[error("patch file {path} (engine.patches) cannot be read: {source}")]
+    PatchRead {
+        /// The file.
+        path: String,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A patch does not apply to the checkout (with the patches before it applied).
+    #[error("patch {path} (engine.patches[{index}]) does not apply to engine {commit}: {failure}")]
+    PatchDoesNotApply {
+        /// The patch file.
+        path: String,
+        /// Its position in `engine.patches`.
+        index: usize,
+        /// The first 12 hex of the commit.
+        commit: String,
+        /// Where and why, from git's output.
+        failure: Box<PatchFailure>,
+    },
+    /// The build command exited non-zero.
+    #[error(
+        "the engine build exited with code {code}; its log is kept at {log}; it ends with:\n{tail}"
+    )]
+    Failed {
+        /// Exit code.
+        code: i64,
+        /// The kept log.
+        log: PathBuf,
+        /// Its last lines.
+        tail: String,
+    },
+    /// The build succeeded but did not produce a binary the profile names.
+    #[error("the engine build did not produce {path} (for {name}); its log is kept at {log}")]
+    MissingOutput {
+        /// The path under the output directory.
+        path: String,
+        /// The engine file it becomes.
+        name: String,
+        /// The kept log.
+        log: PathBuf,
+    },
+    /// The run was cancelled during the build (its container is removed).
+    #[error("the engine build was cancelled; its log so far is at {log}")]
+    Cancelled {
+        /// The log so far.
+        log: PathBuf,
+    },
+    /// Docker on the head failed around the build container.
+    #[error("running the build container: {0}")]
+    Docker(#[from] DockerError),
+    /// A command could not run on the head.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    /// A file on the head.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was done.
+        op: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl BuildError {
+    /// What to do about it.
+    #[must_use]
+    pub fn remedy(&self, base_image: &str) -> String {
+        match self {
+            Self::Git { .. } | Self::NoCommit { .. } => "check engine.repo and engine.commit: the repository must be reachable from the head (`git ls-remote <repo>`) and hold the commit".to_owned(),
+            Self::PatchRead { .. } => "fix the path or remove it from engine.patches".to_owned(),
+            Self::PatchDoesNotApply { path, .. } => format!(
+                "rebase {path} onto engine.commit (or fix the order of engine.patches), check it with `git apply --check` in a checkout of the commit, then run `spark-deploy up` again"
+            ),
+            Self::Failed { log, .. } | Self::MissingOutput { log, .. } => format!(
+                "read the build log {}, fix what it names (a patch, or the toolchain in {base_image}), then run `spark-deploy up` again",
+                log.display()
+            ),
+            Self::Cancelled { .. } => "run `spark-deploy up` again to build".to_owned(),
+            Self::Docker(_) => format!("Docker on the head must run containers of {base_image}"),
+            Self::Exec(_) => "git must be installed on the head".to_owned(),
+            Self::Io { .. } => "the head's data_dir must be writable".to_owned(),
+        }
+    }
+}
+
+/// Where a patch failed, as git reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchFailure {
+    /// The file in the source tree the failing hunk is for.
+    pub file: Option<String>,
+    /// The line in that file the hunk starts at (git's `patch failed: FILE:LINE`).
+    pub line: Option<u32>,
+    /// The hunk's number among the patch's hunks for that file (1-based) and the line of its
+    /// `@@` header in the patch file, when found there.
+    pub hunk: Option<(usize, usize)>,
+    /// git's error lines.
+    pub message: String,
+}
+
+impl std::fmt::Display for PatchFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.file, self.line, self.hunk) {
+            (Some(file), Some(line), Some((n, at))) => write!(
+                f,
+                "hunk #{n} for {file} (line {at} of the patch) does not match {file} at line {line}"
+            )?,
+            (Some(file), Some(line), None) => {
+                write!(f, "the hunk for {file} at line {line} does not match")?;
+            }
+            (Some(file), None, _) => write!(f, "{file}")?,
+            _ => {}
+        }
+        if self.file.is_some() {
+            write!(f, " (git: {})", self.message)
+        } else {
+            write!(f, "git: {}", self.message)
+        }
+    }
+}
+
+/// Reads `git apply --check`'s error output (and the patch text, to number the hunk).
+#[must_use]
+pub fn parse_apply_error(stderr: &str, patch: &str) -> PatchFailure {
+    let errors: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("error:") || l.starts_with("fatal:"))
+        .collect();
+    let message = if errors.is_empty() {
+        stderr.trim().to_owned()
+    } else {
+        errors.join("; ")
+    };
+    let mut file = None;
+    let mut line = None;
+    for e in &errors {
+        if let Some(rest) = e.strip_prefix("error: patch failed: ")
+            && let Some((f, l)) = rest.rsplit_once(':')
+        {
+            file = Some(f.to_owned());
+            line = l.trim().parse().ok();
+            break;
+        }
+        // "error: FILE: No such file or directory", "error: FILE: already exists in working directory"
+        if let Some(rest) = e.strip_prefix("error: ")
+            && let Some((f, why)) = rest.split_once(": ")
+            && !f.contains(' ')
+            && !why.is_empty()
+            && file.is_none()
+        {
+            file = Some(f.to_owned());
+        }
+    }
+    let hunk = match (&file, line) {
+        (Some(f), Some(l)) => locate_hunk(patch, f, l),
+        _ => None,
+    };
+    PatchFailure {
+        file,
+        line,
+        hunk,
+        message,
+    }
+}
+
+/// The hunk of `patch` for `file` whose old range starts at `line`: its number among that file's
+/// hunks and the 1-based line of its `@@` header.
+fn locate_hunk(patch: &str, file: &str, line: u32) -> Option<(usize, usize)> {
+    let mut in_file = false;
+    let mut n = 0;
+    for (i, l) in patch.lines().enumerate() {
+        if let Some(path) = l.strip_prefix("+++ ") {
+            let path = path.split('\t').next().unwrap_or(path).trim();
+            let path = path
+                .strip_prefix("b/")
+                .or_else(|| path.strip_prefix("a/"))
+                .unwrap_or(path);
+            in_file = path == file;
+            n = 0;
+        } else if in_file && let Some(rest) = l.strip_prefix("@@ -") {
+            n += 1;
+            let start: u32 = rest
+                .split([',', ' '])
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            if start == line {
+                return Some((n, i + 1));
+            }
+        }
+    }
+    None
+}
+
+/// The cache key of a build: sha256 over the commit, each patch's name and sha256 in order, the
+/// base image's ID on the head, the build command, its environment and what it collects.
+#[must_use]
+pub fn cache_key(
+    commit: &str,
+    patches: &[(String, String)],
+    base_id: &str,
+    recipe: &BuildRecipe,
+) -> String {
+    let mut parts = vec![format!("commit {commit}"), format!("base {base_id}")];
+    parts.extend(patches.iter().map(|(n, s)| format!("patch {n} {s}")));
+    parts.push(format!("command {}", serde_json::json!(recipe.command)));
+    parts.extend(recipe.env.iter().map(|(k, v)| format!("env {k}={v}")));
+    parts.extend(
+        recipe
+            .outputs
+            .iter()
+            .map(|(p, n)| format!("output {p} {n}")),
+    );
+    crate::digest::sha256_hex(parts.join("\n"))
+}
+
+/// What a finished (or cached) build left, recorded as `cache/<key>/build.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BuildRecord {
+    /// [`cache_key`].
+    pub key: String,
+    /// `engine.repo`.
+    pub repo: String,
+    /// `engine.commit`.
+    pub commit: String,
+    /// `(name, sha256)` of each patch, in order.
+    pub patches: Vec<(String, String)>,
+    /// `engine.base_image` and its ID.
+    pub base_image: String,
+    /// The base image's ID on the head.
+    pub base_id: String,
+    /// The build command.
+    pub command: Vec<String>,
+    /// `(name, sha256)` of each engine binary, in the recipe's order.
+    pub binaries: Vec<(String, String)>,
+    /// How long the build ran, seconds.
+    pub build_s: f64,
+}
+
+/// The engine binaries on the head after [`ensure`], and what it took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Built {
+    /// The record (from the cache or this build).
+    pub record: BuildRecord,
+    /// Whether this run built (false: the cache had it).
+    pub built: bool,
+    /// Binaries (re)installed into the engine directory by this run.
+    pub installed: usize,
+}
+
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BuildError {
+    let path = path.to_path_buf();
+    move |source| BuildError::Io { op, path, source }
+}
+
+/// Reads the patch files: `(name, sha256, text)` in order.
+fn read_patches(paths: &[String]) -> Result<Vec<(String, String, String)>, BuildError> {
+    paths
+        .iter()
+        .map(|p| {
+            let bytes = std::fs::read(p).map_err(|source| BuildError::PatchRead {
+                path: p.clone(),
+                source,
+            })?;
+            let name = Path::new(p)
+                .file_name()
+                .map_or_else(|| p.clone(), |n| n.to_string_lossy().into_owned());
+            Ok((
+                name,
+                crate::digest::sha256_hex(&bytes),
+                String::from_utf8_lossy(&bytes).into_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// The cached build of `key`, when its record is readable and every binary still has its sha256.
+fn cached(entry: &Path, key: &str) -> Option<BuildRecord> {
+    let text = std::fs::read(entry.join("build.json")).ok()?;
+    let record: BuildRecord = serde_json::from_slice(&text).ok()?;
+    let intact = record.key == key
+        && record.binaries.iter().all(|(name, sha)| {
+            sha256_file(&entry.join("engine").join(name)).is_ok_and(|s| s == *sha)
+        });
+    intact.then_some(record)
+}
+
+/// Copies `from` to `to` through a `.partial` file renamed into place (never writing into a file
+/// that may be a hard link or mapped by a running rank), mode 0755.
+fn install(from: &Path, to: &Path) -> Result<(), BuildError> {
+    let dir = to.parent().unwrap_or_else(|| Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    let name = to
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let partial = dir.join(format!(".{name}.partial"));
+    std::fs::copy(from, &partial).map_err(io("copy to", &partial))?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
+        .map_err(io("chmod", &partial))?;
+    std::fs::rename(&partial, to).map_err(io("rename", to))
+}
+
+fn git(dir: &Path) -> Cmd {
+    // No prompt for credentials: a repository that needs them fails with git's message.
+    Cmd::new("env")
+        .arg("GIT_TERMINAL_PROMPT=0")
+        .arg("git")
+        .arg("-C")
+        .arg(dir.display().to_string())
+}
+
+async fn run_git(exec: &Exec, cmd: Cmd) -> Result<String, BuildError> {
+    let out = exec.output(&cmd).await?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(BuildError::Git {
+            command: cmd.to_string(),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
+async fn has_commit(exec: &Exec, dir: &Path, commit: &str) -> Result<bool, BuildError> {
+    let cmd = git(dir)
+        .arg("cat-file")
+        .arg("-e")
+        .arg(format!("{commit}^{{commit}}"));
+    Ok(exec.output(&cmd).await?.status.success())
+}
+
+/// What the build of one deployment needs to know.
+#[derive(Debug, Clone)]
+pub struct BuildInputs<'a> {
+    /// `engine.repo`.
+    pub repo: &'a str,
+    /// `engine.commit`.
+    pub commit: &'a str,
+    /// `engine.patches`.
+    pub patches: &'a [String],
+    /// `engine.base_image`.
+    pub base_image: &'a str,
+    /// Its ID on the head.
+    pub base_id: &'a str,
+    /// The head's name.
+    pub node: &'a str,
+    /// `<data_dir>/engine-build` on the head.
+    pub build_dir: &'a Path,
+    /// The head's engine directory.
+    pub engine_dir: &'a Path,
+}
+
+/// Makes the head's engine directory hold the binaries built from `inputs` with `recipe`: from
+/// the cache when it has the key, else checked out, patched and built in a throwaway container.
+///
+/// # Errors
+///
+/// [`BuildError`], with [`BuildError::remedy`].
+pub async fn ensure(
+    ctx: &Context,
+    docker: &DockerNode,
+    inputs: &BuildInputs<'_>,
+    recipe: &BuildRecipe,
+) -> Result<Built, BuildError> {
+    let patches = read_patches(inputs.patches)?;
+    let hashes: Vec<(String, String)> = patches
+        .iter()
+        .map(|(n, s, _)| (n.clone(), s.clone()))
+        .collect();
+    let key = cache_key(inputs.commit, &hashes, inputs.base_id, recipe);
+    let short = &key[..16];
+    let entry = inputs.build_dir.join("cache").join(short);
+    let log = |line: String| ctx.log(StepKind::BuildImage, Some(inputs.node), Level::Info, line);
+    let (record, built) = if let Some(record) = cached(&entry, &key) {
+        log(format!(
+            "engine build cached (key {short}, built in {:.1} s before): 0 s of build",
+            record.build_s
+        ));
+        (record, false)
+    } else {
+        let record = build(ctx, docker, inputs, recipe, &patches, &key, &entry).await?;
+        log(format!(
+            "engine built in {:.1} s (key {short}): {}",
+            record.build_s,
+            record
+                .binaries
+                .iter()
+                .map(|(n, s)| format!("{n} sha256 {}", &s[..12]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        (record, true)
+    };
+    let mut installed = 0;
+    for (name, sha) in &record.binaries {
+        let to = inputs.engine_dir.join(name);
+        if sha256_file(&to).is_ok_and(|s| s == *sha) {
+            continue;
+        }
+        install(&entry.join("engine").join(name), &to)?;
+        installed += 1;
+    }
+    Ok(Built {
+        record,
+        built,
+        installed,
+    })
+}
+
+/// Checks out, patches and builds; collects the binaries into `entry`.
+async fn build(
+    ctx: &Context,
+    docker: &DockerNode,
+    inputs: &BuildInputs<'_>,
+    recipe: &BuildRecipe,
+    patches: &[(String, String, String)],
+    key: &str,
+    entry: &Path,
+) -> Result<BuildRecord, BuildError> {
+    let exec = ctx.exec(0).await?;
+    let src = inputs.build_dir.join("src");
+    let log_line = |line: String| {
+        ctx.log(StepKind::BuildImage, Some(inputs.node), Level::Info, line);
+    };
+    std::fs::create_dir_all(&src).map_err(io("create", &src))?;
+    if !src.join(".git").exists() {
+        run_git(exec, git(&src).arg("init").arg("-q")).await?;
+    }
+    if !has_commit(exec, &src, inputs.commit).await? {
+        log_line(format!("fetching {} from {}", inputs.commit, inputs.repo));
+        let by_id = git(&src).args(["fetch", "-q", "--no-tags", inputs.repo, inputs.commit]);
+        if let Err(first) = run_git(exec, by_id).await {
+            // A server that refuses fetching by ID: fetch its branches and tags instead.
+            let all = git(&src).args([
+                "fetch",
+                "-q",
+                "--no-tags",
+                inputs.repo,
+                "+refs/heads/*:refs/engine-build/heads/*",
+                "+refs/tags/*:refs/engine-build/tags/*",
+            ]);
+            let detail = match run_git(exec, all).await {
+                Ok(_) => first.to_string(),
+                Err(e) => e.to_string(),
+            };
+            if !has_commit(exec, &src, inputs.commit).await? {
+                return Err(BuildError::NoCommit {
+                    repo: inputs.repo.to_owned(),
+                    commit: inputs.commit.to_owned(),
+                    detail,
+                });
+            }
+        }
+    }
+    run_git(
+        exec,
+        git(&src).args(["checkout", "-q", "--force", "--detach", inputs.commit]),
+    )
+    .await?;
+    run_git(exec, git(&src).args(["clean", "-q", "-fdx"])).await?;
+    let short_commit: String = inputs.commit.chars().take(12).collect();
+    for (index, (path, (_, _, text))) in inputs.patches.iter().zip(patches).enumerate() {
+        let check = exec
+            .output(&git(&src).args(["apply", "--check", path.as_str()]))
+            .await?;
+        if !check.status.success() {
+            return Err(BuildError::PatchDoesNotApply {
+                path: path.clone(),
+                index,
+                commit: short_commit,
+                failure: Box::new(parse_apply_error(
+                    &String::from_utf8_lossy(&check.stderr),
+                    text,
+                )),
+            });
+        }
+        run_git(exec, git(&src).args(["apply", path.as_str()])).await?;
+        log_line(format!("applied {path}"));
+    }
+    let out = inputs.build_dir.join("out");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(io("remove", &out))?;
+    }
+    let cache = inputs.build_dir.join("tool-cache");
+    let logs = inputs.build_dir.join("logs");
+    for d in [&out, &cache, &logs] {
+        std::fs::create_dir_all(d).map_err(io("create", d))?;
+    }
+    let log_path = logs.join(format!("build-{}.log", &key[..16]));
+    let mut log_file = std::fs::File::create(&log_path).map_err(io("create", &log_path))?;
+    // The build runs as the owner of the build directory, so its files stay removable.
+    let meta = std::fs::metadata(inputs.build_dir).map_err(io("stat", inputs.build_dir))?;
+    let user = (meta.uid() != 0).then(|| format!("{}:{}", meta.uid(), meta.gid()));
+    let mut env = vec![format!("HOME={}", BuildRecipe::CACHE)];
+    env.extend(recipe.env.iter().map(|(k, v)| format!("{k}={v}")));
+    let body = ContainerCreateBody {
+        image: Some(inputs.base_image.to_owned()),
+        cmd: Some(recipe.command.clone()),
+        env: Some(env),
+        working_dir: Some(BuildRecipe::SRC.to_owned()),
+        user,
+        labels: Some(
+            [(
+                "io.spark-deploy.engine-build".to_owned(),
+                key[..16].to_owned(),
+            )]
+            .into(),
+        ),
+        host_config: Some(HostConfig {
+            binds: Some(vec![
+                format!("{}:{}", src.display(), BuildRecipe::SRC),
+                format!("{}:{}", out.display(), BuildRecipe::OUT),
+                format!("{}:{}", cache.display(), BuildRecipe::CACHE),
+            ]),
+            ..HostConfig::default()
+        }),
+        ..ContainerCreateBody::default()
+    };
+    log_line(format!(
+        "building engine {short_commit} with {} patch(es) in a throwaway container of {}: {}",
+        patches.len(),
+        inputs.base_image,
+        recipe.command.join(" ")
+    ));
+    let started = Instant::now();
+    let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    let mut on_line = |line: &str| {
+        use std::io::Write as _;
+        let _ = writeln!(log_file, "{line}");
+        if tail.len() == 20 {
+            tail.pop_front();
+        }
+        tail.push_back(line.to_owned());
+        ctx.log(
+            StepKind::BuildImage,
+            Some(inputs.node),
+            Level::Info,
+            line.to_owned(),
+        );
+    };
+    let name = format!("spark-deploy-engine-build-{}", &key[..12]);
+    let code = tokio::select! {
+        r = docker.run_to_end(&name, body, &mut on_line) => r?,
+        () = ctx.cancelled() => {
+            // The build container goes with the cancelled run; the checkout stays for the next.
+            let _ = docker.remove_container(&name).await;
+            return Err(BuildError::Cancelled { log: log_path });
+        }
+    };
+    let build_s = started.elapsed().as_secs_f64();
+    if code != 0 {
+        return Err(BuildError::Failed {
+            code,
+            log: log_path,
+            tail: tail.into_iter().collect::<Vec<_>>().join("\n"),
+        });
+    }
+    let staged = entry.join("engine");
+    if entry.exists() {
+        std::fs::remove_dir_all(entry).map_err(io("remove", entry))?;
+    }
+    std::fs::create_dir_all(&staged).map_err(io("create", &staged))?;
+    let mut binaries = Vec::new();
+    for (path, name) in &recipe.outputs {
+        let from = out.join(path);
+        if !from.is_file() {
+            return Err(BuildError::MissingOutput {
+                path: format!("{}/{path}", BuildRecipe::OUT),
+                name: name.clone(),
+                log: log_path,
+            });
+        }
+        let to = staged.join(name);
+        install(&from, &to)?;
+        binaries.push((name.clone(), sha256_file(&to).map_err(io("read", &to))?));
+    }
+    std::fs::copy(&log_path, entry.join("build.log")).map_err(io("copy", &log_path))?;
+    let record = BuildRecord {
+        key: key.to_owned(),
+        repo: inputs.repo.to_owned(),
+        commit: inputs.commit.to_owned(),
+        patches: patches
+            .iter()
+            .map(|(n, s, _)| (n.clone(), s.clone()))
+            .collect(),
+        base_image: inputs.base_image.to_owned(),
+        base_id: inputs.base_id.to_owned(),
+        command: recipe.command.clone(),
+        binaries,
+        build_s,
+    };
+    let json = serde_json::to_vec_pretty(&record).map_err(|e| BuildError::Io {
+        op: "encode",
+        path: entry.join("build.json"),
+        source: std::io::Error::other(e),
+    })?;
+    // Written last: a record exists only for a complete entry.
+    let rec = entry.join("build.json");
+    std::fs::write(&rec, json).map_err(io("write", &rec))?;
+    Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recipe() -> BuildRecipe {
+        crate::engine::tensorfold::build_recipe()
+    }
+
+    #[test]
+    fn the_key_follows_commit_patches_base_and_command() {
+        let p = vec![("0001-a.patch".to_owned(), "aa".to_owned())];
+        let k = cache_key("c1", &p, "sha256:b1", &recipe());
+        assert_eq!(k, cache_key("c1", &p, "sha256:b1", &recipe()));
+        assert_eq!(k.len(), 64);
+        assert_ne!(k, cache_key("c2", &p, "sha256:b1", &recipe()));
+        assert_ne!(k, cache_key("c1", &[], "sha256:b1", &recipe()));
+        assert_ne!(k, cache_key("c1", &p, "sha256:b2", &recipe()));
+        let changed = vec![("0001-a.patch".to_owned(), "ab".to_owned())];
+        assert_ne!(k, cache_key("c1", &changed, "sha256:b1", &recipe()));
+        let renamed = vec![("0001-b.patch".to_owned(), "aa".to_owned())];
+        assert_ne!(k, cache_key("c1", &renamed, "sha256:b1", &recipe()));
+        let two = vec![
+            ("a".to_owned(), "1".to_owned()),
+            ("b".to_owned(), "2".to_owned()),
+        ];
+        let swapped = vec![
+            ("b".to_owned(), "2".to_owned()),
+            ("a".to_owned(), "1".to_owned()),
+        ];
+        assert_ne!(
+            cache_key("c1", &two, "sha256:b1", &recipe()),
+            cache_key("c1", &swapped, "sha256:b1", &recipe()),
+            "the order of the patches counts"
+        );
+        let mut other = recipe();
+        other.command.push("-Dextra=1".into());
+        assert_ne!(k, cache_key("c1", &p, "sha256:b1", &other));
+        let mut split = recipe();
+        // The argv's boundaries count, not just its text.
+        split.command = vec!["zig build".into()];
+        let mut joined = recipe();
+        joined.command = vec!["zig".into(), "build".into()];
+        assert_ne!(
+            cache_key("c1", &p, "sha256:b1", &split),
+            cache_key("c1", &p, "sha256:b1", &joined)
+        );
+    }
+
+    const PATCH: &str = "\
+diff --git a/src/main.c b/src/main.c
+index 1111111..2222222 100644
+--- a/src/main.c
++++ b/src/main.c
+@@ -1,3 +1,3 @@
+ #include <stdio.h>
+-#define A 1
++#define A 2
+ int x;
+@@ -10,3 +10,3 @@ int main(void)
+ {
+-  return A;
++  return A + 1;
+ }
+diff --git a/README b/README
+--- a/README
++++ b/README
+@@ -10,1 +10,1 @@
+-old
++new
+";
+
+    #[test]
+    fn a_failed_hunk_is_located_in_the_patch() {
+        let stderr =
+            "error: patch failed: src/main.c:10\nerror: src/main.c: patch does not apply\n";
+        let f = parse_apply_error(stderr, PATCH);
+        assert_eq!(f.file.as_deref(), Some("src/main.c"));
+        assert_eq!(f.line, Some(10));
+        assert_eq!(f.hunk, Some((2, 10)));
+        let text = f.to_string();
+        assert!(
+            text.contains("hunk #2 for src/main.c (line 10 of the patch)")
+                && text.contains("at line 10")
+                && text.contains("patch does not apply"),
+            "{text}"
+        );
+        // The same start line in another file's hunks is not confused with it.
+        let f = parse_apply_error("error: patch failed: README:10\n", PATCH);
+        assert_eq!(f.hunk, Some((1, 18)));
+    }
+
+    #[test]
+    fn other_apply_errors_name_the_file_or_keep_gits_words() {
+        let f = parse_apply_error("error: src/gone.c: No such file or directory\n", PATCH);
+        assert_eq!(f.file.as_deref(), Some("src/gone.c"));
+        assert_eq!(f.line, None);
+        assert!(f.to_string().contains("No such file or directory"), "{f}");
+        let f = parse_apply_error("error: corrupt patch at line 7\n", "x");
+        assert_eq!(f.file, None);
+        assert_eq!(f.to_string(), "git: error: corrupt patch at line 7");
+        let f = parse_apply_error(
+            "error: patch failed: src/main.c:99\nerror: src/main.c: patch does not apply\n",
+            PATCH,
+        );
+        assert_eq!((f.line, f.hunk), (Some(99), None));
+        assert!(
+            f.to_string()
+                .starts_with("the hunk for src/main.c at line 99"),
+            "{f}"
+        );
+    }
+}
