@@ -27,6 +27,7 @@ __all__ = [
     "testbed_down",
     "SparkDeployError",
     "ConfigError",
+    "UpgradeError",
     "StepError",
     "PreflightError",
     "FetchError",
@@ -54,6 +55,14 @@ class ConfigError(SparkDeployError):
     """Every refused field as ``(field, value, allowed)``."""
     remedy: str | None
     """What to do about it."""
+
+class UpgradeError(SparkDeployError):
+    """An upgrade or rollback did not end with the new generation serving."""
+
+    remedy: str
+    """What to do about it."""
+    restored: int | None
+    """The generation serving again (rolled back, or never stopped), if any."""
 
 class StepError(SparkDeployError):
     """A step of a plan run failed."""
@@ -203,6 +212,22 @@ class Deployment:
         """Stop every rank, rank 0 first, saving logs. Raises StopError."""
     def restart(self, on_event: Callable[[_Event], object] | None = None) -> Report:
         """Stop both ranks and start both again in one run (Stop + the standard plan)."""
+    def upgrade(
+        self,
+        new_config: Config,
+        on_event: Callable[[_Event], object] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> dict[str, Any]:
+        """Prepare ``new_config`` beside the serving generation, switch, check (smoke, validate, a
+        short bench within 5 %) and keep it, or start the old generation again. Returns
+        ``generation``, ``previous``, ``figures``, ``baseline``, ``switch_s``, ``removed``.
+        Raises ConfigError, UpgradeError (``.remedy``, ``.restored``), KeyboardInterrupt."""
+    def rollback(self, on_event: Callable[[_Event], object] | None = None) -> int:
+        """Stop the serving generation and start the one that served before it; returns the
+        generation serving now. Raises UpgradeError."""
+    def history(self) -> list[dict[str, Any]]:
+        """Every generation, oldest first (``id``, ``state``, ``fingerprint``, ``served_from``,
+        ``served_until``, ``figures``, ``note``, ...). Raises SparkDeployError."""
     def watch(
         self,
         on_event: Callable[[_Event], object] | None = None,

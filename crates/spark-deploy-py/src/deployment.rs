@@ -250,6 +250,123 @@ impl Deployment {
         .map_err(crate::errors::SparkDeployError::new_err)
     }
 
+    /// Upgrades the serving generation to ``new_config``, as ``spark-deploy upgrade`` does
+    /// (docs/operations.md, "Upgrades and rollbacks"): prepared beside the old pair while it
+    /// serves, switched to, checked (smoke, validate, a short bench within 5 % of the old figures)
+    /// and kept — or the old generation is started again.
+    ///
+    /// Args:
+    ///     new_config: the configuration of the new generation (same deployment name).
+    ///     on_event: called on this thread with each event dict; None to ignore.
+    ///     cancel: a ``threading.Event``; setting it (or Ctrl-C) during the preparation stops
+    ///         nothing, during the switch it ends with the old generation serving.
+    ///
+    /// Returns:
+    ///     A dict: ``generation`` (now serving), ``previous``, ``figures`` and ``baseline``
+    ///     (``decode_tps``, ``prefill_tps``), ``switch_s``, ``removed`` (retired generations).
+    ///
+    /// Raises:
+    ///     ConfigError: ``new_config`` does not validate.
+    ///     UpgradeError: the new generation was refused or could not be prepared; ``.remedy``
+    ///         says what to do, ``.restored`` the generation serving again (or None).
+    ///     KeyboardInterrupt: after Ctrl-C, once one generation serves again.
+    #[pyo3(signature = (new_config, on_event=None, cancel=None))]
+    fn upgrade<'py>(
+        &self,
+        py: Python<'py>,
+        new_config: &Config,
+        on_event: Option<Bound<'py, PyAny>>,
+        cancel: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        use spark_deploy_core::upgrade::{self, Options, UpgradeError};
+        let new = new_config.validated()?;
+        let (sink, tx, rx) =
+            events::channel_sink::<Result<serde_json::Value, (String, String, Option<u32>)>>();
+        let ctx = Arc::new(Context::new(new, Arc::new(sink)));
+        let run_ctx = ctx.clone();
+        let work = move || async move {
+            match upgrade::upgrade(&run_ctx, &Options::default()).await {
+                Ok(u) => Ok(serde_json::to_value(u).unwrap_or_default()),
+                Err(e) => {
+                    let restored = match &e {
+                        UpgradeError::RolledBack { restored, .. } => Some(*restored),
+                        UpgradeError::NotPrepared { serving, .. } => Some(*serving),
+                        _ => None,
+                    };
+                    Err((e.to_string(), e.remedy(), restored))
+                }
+            }
+        };
+        match events::drive(
+            py,
+            rx,
+            tx,
+            work,
+            on_event.as_ref(),
+            cancel.as_ref(),
+            &|| ctx.cancel(),
+        )? {
+            Ok(v) => crate::to_py(py, &v),
+            Err((message, remedy, restored)) => {
+                let err = crate::errors::UpgradeError::new_err(message);
+                let value = err.value(py);
+                value.setattr("remedy", remedy)?;
+                value.setattr("restored", restored)?;
+                Err(err)
+            }
+        }
+    }
+
+    /// Stops the serving generation and starts the one that served before it (its recorded
+    /// config, image tag and inputs), as ``spark-deploy rollback``.
+    ///
+    /// Args:
+    ///     on_event: called on this thread with each event dict; None to ignore.
+    ///
+    /// Returns:
+    ///     The generation serving now.
+    ///
+    /// Raises:
+    ///     UpgradeError: nothing to return to, or its start failed (``.remedy``).
+    #[pyo3(signature = (on_event=None))]
+    fn rollback<'py>(&self, py: Python<'py>, on_event: Option<Bound<'py, PyAny>>) -> PyResult<u32> {
+        let (sink, tx, rx) = events::channel_sink::<Result<u32, (String, String)>>();
+        let ctx = Arc::new(Context::new(self.validated.clone(), Arc::new(sink)));
+        let run_ctx = ctx.clone();
+        let work = move || async move {
+            spark_deploy_core::upgrade::rollback(&run_ctx)
+                .await
+                .map_err(|e| (e.to_string(), e.remedy()))
+        };
+        match events::drive(py, rx, tx, work, on_event.as_ref(), None, &|| ctx.cancel())? {
+            Ok(id) => Ok(id),
+            Err((message, remedy)) => {
+                let err = crate::errors::UpgradeError::new_err(message);
+                err.value(py).setattr("remedy", remedy)?;
+                Err(err)
+            }
+        }
+    }
+
+    /// Every generation, oldest first, as ``spark-deploy history --json``.
+    ///
+    /// Returns:
+    ///     A list of dicts: ``id``, ``state`` (``serving``, ``superseded``, ``rejected``,
+    ///     ``retired``), ``fingerprint``, ``model_commit``, ``served_from``/``served_until`` (Unix
+    ///     seconds), ``figures`` (``decode_tps``, ``prefill_tps``) and ``note`` (why it was
+    ///     refused), ``config`` (secrets never recorded), ``images``, ``config_sha256``.
+    ///
+    /// Raises:
+    ///     SparkDeployError: the history file cannot be read.
+    fn history<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let h = spark_deploy_core::upgrade::history(&self.validated)
+            .map_err(|e| crate::errors::SparkDeployError::new_err(e.to_string()))?;
+        crate::to_py(
+            py,
+            &serde_json::to_value(&h.generations).unwrap_or_default(),
+        )
+    }
+
     /// Checks what the deployment serves through its API (docs/validate-and-bench.md).
     ///
     /// Args:

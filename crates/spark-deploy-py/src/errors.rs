@@ -24,6 +24,13 @@ create_exception!(
 
 create_exception!(
     spark_deploy,
+    UpgradeError,
+    SparkDeployError,
+    "An upgrade or rollback did not end with the new generation serving: `.remedy`, and `.restored` (the generation serving again, or None)."
+);
+
+create_exception!(
+    spark_deploy,
     StepError,
     SparkDeployError,
     "A step of a plan run failed: `.step`, `.error`, `.remedy`, `.report` (the steps so far), `.node` and `.rank` (when the error names them), `.checks` (preflight's table)."
@@ -113,5 +120,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("SparkDeployError", py.get_type::<SparkDeployError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("UpgradeError", py.get_type::<UpgradeError>())?;
     register_steps(m)
 }

@@ -8,7 +8,10 @@
 //! - Ctrl-C during the preparation → nothing stopped (no gap in the answers);
 //! - Ctrl-C during the switch → the old generation serves again;
 //! - a good generation → accepted, the old one superseded;
+//! - a heal by a `watch` started with the old config → starts the serving generation;
 //! - `rollback` → the old generation serves again.
+//!
+//! Every upgrade holds `watch`'s pause lease while the old ranks stop, and gives it back.
 //!
 //! The downtime of an accepted switch, of a Ctrl-C'd switch and of `rollback` is the longest gap
 //! between two good answers; a refused generation's rollback is timed from the refusal to the old
@@ -130,6 +133,9 @@ struct CancelOn {
     trigger: fn(&Event) -> bool,
     /// When the upgrade refused the new generation (and began restoring the old one).
     refused_at: Mutex<Option<Instant>>,
+    /// The watch pause lease, and whether it existed when the old ranks were stopped.
+    pause_file: std::path::PathBuf,
+    paused_at_stop: AtomicBool,
 }
 
 impl EventSink for CancelOn {
@@ -138,6 +144,16 @@ impl EventSink for CancelOn {
             && let Some(c) = self.ctx.get()
         {
             c.cancel();
+        }
+        if matches!(
+            &event,
+            Event::Started {
+                source: Source::Step(StepKind::Stop),
+                ..
+            }
+        ) && self.pause_file.is_file()
+        {
+            self.paused_at_stop.store(true, Ordering::SeqCst);
         }
         if matches!(&event, Event::Log { line, .. } if line.starts_with("refused: ")) {
             *self.refused_at.lock().unwrap() = Some(Instant::now());
@@ -156,11 +172,23 @@ async fn upgrade_to(
         ctx: OnceLock::new(),
         trigger: cancel_on.unwrap_or(|_| false),
         refused_at: Mutex::new(None),
+        pause_file: Path::new(&v.config().deployment.state_dir).join("watch/pause"),
+        paused_at_stop: AtomicBool::new(false),
     });
     let ctx = Arc::new(Context::new(v.clone(), sink.clone()));
     let _ = sink.ctx.set(Arc::clone(&ctx));
     let r = upgrade::upgrade(&ctx, &Options::default()).await;
     let refused = *sink.refused_at.lock().unwrap();
+    if r.is_ok() || refused.is_some() {
+        assert!(
+            sink.paused_at_stop.load(Ordering::SeqCst),
+            "watch was paused while the old ranks stopped"
+        );
+    }
+    assert!(
+        !sink.pause_file.exists(),
+        "the upgrade gave the pause lease back"
+    );
     (r, refused)
 }
 
@@ -320,6 +348,29 @@ async fn scenario(info: &spark_deploy_testbed::cluster::TestbedInfo, home: &Path
     assert_eq!(u.previous, 1);
     let h = upgrade::history(&v1)?;
     assert_eq!(h.generations[0].state, GenerationState::Superseded);
+
+    // A watch started with the old config heals the serving generation, never the superseded
+    // one.
+    let old_ctx = Context::new(v1.clone(), Arc::new(Recorder::default()));
+    spark_deploy_core::supervise::act::stop_pair(&old_ctx)
+        .await
+        .map_err(|e| e.to_string())?;
+    spark_deploy_core::supervise::act::start_pair(&old_ctx)
+        .await
+        .map_err(|e| e.to_string())?;
+    assert_eq!(
+        serving(&v1),
+        u.generation,
+        "the heal started the serving generation"
+    );
+    let record = spark_deploy_core::lifecycle::launch_record::read(Path::new(
+        &v1.config().deployment.state_dir,
+    ))?
+    .ok_or("no launch record")?;
+    assert_eq!(
+        record.config_sha256,
+        spark_deploy_core::lifecycle::launch_record::config_sha256(&good_cfg)
+    );
 
     // Rollback by hand.
     let t = Instant::now();

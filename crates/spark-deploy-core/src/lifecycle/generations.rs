@@ -103,6 +103,27 @@ pub enum GenerationsError {
     },
 }
 
+impl Generation {
+    /// Its recorded config, validated, with the secrets of `current` (secrets are never
+    /// recorded).
+    ///
+    /// # Errors
+    ///
+    /// Why it does not parse or validate, in words.
+    pub fn validated(
+        &self,
+        current: &crate::config::ValidatedConfig,
+    ) -> Result<crate::config::ValidatedConfig, String> {
+        let mut raw: crate::config::DeploymentConfig =
+            serde_json::from_value(self.config.clone()).map_err(|e| e.to_string())?;
+        let now = current.config();
+        raw.hub.token.clone_from(&now.hub.token);
+        raw.serving.api_key.clone_from(&now.serving.api_key);
+        let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+        crate::config::validate(raw, &home).map_err(|e| e.to_string())
+    }
+}
+
 impl History {
     /// The generation serving now, if any.
     #[must_use]

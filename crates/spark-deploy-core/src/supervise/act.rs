@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::SuperviseError;
 use super::decide::Finding;
 use super::sample::Sample;
+use crate::config::ValidatedConfig;
 use crate::container::rank_container_name;
 use crate::context::Context;
 use crate::plan::Plan;
@@ -52,9 +53,9 @@ pub async fn save_logs(
     Ok(saved)
 }
 
-/// A context for one plan run that is cancelled when `outer` is.
-fn child(outer: &Context) -> Arc<Context> {
-    let ctx = Arc::new(Context::new(outer.config().clone(), outer.sink()));
+/// A context for one plan run of `config` that is cancelled when `outer` is.
+fn child_of(outer: &Context, config: ValidatedConfig) -> Arc<Context> {
+    let ctx = Arc::new(Context::new(config, outer.sink()));
     let mut signal = outer.cancel_signal();
     let inner = Arc::clone(&ctx);
     tokio::spawn(async move {
@@ -74,7 +75,7 @@ fn child(outer: &Context) -> Arc<Context> {
 ///
 /// The plan's [`RunError`].
 pub async fn stop_pair(outer: &Context) -> Result<(), Box<RunError>> {
-    let ctx = child(outer);
+    let ctx = child_of(outer, outer.config().clone());
     Plan::teardown(ctx.config())
         .run(&ctx)
         .await
@@ -82,13 +83,28 @@ pub async fn stop_pair(outer: &Context) -> Result<(), Box<RunError>> {
         .map_err(Box::new)
 }
 
-/// Starts both ranks, rank 1 first, and smokes (the `up` plan: done steps skip).
+/// The config a heal starts: the serving generation's (an upgrade or a rollback may have replaced
+/// the one this watch was started with — a heal never brings a superseded generation back), else
+/// this watch's own.
+fn serving_config(outer: &Context) -> ValidatedConfig {
+    let own = outer.config();
+    let state_dir = Path::new(&own.config().deployment.state_dir);
+    crate::lifecycle::generations::read(state_dir)
+        .ok()
+        .and_then(|h| h.serving().cloned())
+        .filter(|g| g.config_sha256 != crate::lifecycle::launch_record::config_sha256(own))
+        .and_then(|g| g.validated(own).ok())
+        .unwrap_or_else(|| own.clone())
+}
+
+/// Starts both ranks of the serving generation, rank 1 first, and smokes (the `up` plan: done
+/// steps skip).
 ///
 /// # Errors
 ///
 /// The plan's [`RunError`]; the run then stops the ranks it started.
 pub async fn start_pair(outer: &Context) -> Result<(), Box<RunError>> {
-    let ctx = child(outer);
+    let ctx = child_of(outer, serving_config(outer));
     Plan::standard(ctx.config())
         .run(&ctx)
         .await

@@ -327,6 +327,9 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
         ),
     );
     let t = Instant::now();
+    // A running `watch` holds still for the whole upgrade (its pause lease), then resumes on
+    // whichever generation serves; heals always start the serving generation.
+    let lease = WatchLease::take(&state_dir, ctx);
     let run = Plan::restart(&new).run(ctx).await;
     // The old pair was touched once Stop began (a Stop cancelled before it started touched
     // nothing).
@@ -342,6 +345,7 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
     );
     let outcome = match run {
         Err(e) if !switched_at => {
+            lease.give_back(ctx);
             return Err(UpgradeError::NotPrepared {
                 step: e.failure.step,
                 error: e.failure.chain(),
@@ -375,11 +379,32 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
             }
         }
     };
+    let result = finish(
+        ctx, opts, &state_dir, &new, &old, &serving, baseline, t, outcome,
+    )
+    .await;
+    lease.give_back(ctx);
+    result
+}
+
+/// Accepts the new generation, or restores the old one.
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    ctx: &Context,
+    opts: &Options,
+    state_dir: &Path,
+    new: &ValidatedConfig,
+    old: &ValidatedConfig,
+    serving: &generations::Generation,
+    baseline: Figures,
+    t: Instant,
+    outcome: Result<(Figures, u64), String>,
+) -> Result<Upgraded, UpgradeError> {
     match outcome {
         Ok((figures, switch_ms)) => {
             let mut removed = Vec::new();
             let mut id = 0;
-            update(&state_dir, |h| {
+            update(state_dir, |h| {
                 if let Some(g) = h.serving().map(|g| g.id) {
                     id = g;
                 }
@@ -392,7 +417,7 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
                     .map(|g| g.id)
                     .collect();
             })?;
-            let history = generations::read(&state_dir)?;
+            let history = generations::read(state_dir)?;
             rollback::retire(ctx, &history, &removed).await;
             #[allow(clippy::cast_precision_loss)]
             let switch_s = switch_ms as f64 / 1000.0;
@@ -421,9 +446,9 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
                 Level::Warn,
                 format!("refused: {why}; restarting generation {}", serving.id),
             );
-            let new_sha = crate::lifecycle::launch_record::config_sha256(&new);
+            let new_sha = crate::lifecycle::launch_record::config_sha256(new);
             // The refused generation is recorded as such (it may never have started).
-            update(&state_dir, |h| {
+            update(state_dir, |h| {
                 let id = h
                     .generations
                     .iter()
@@ -451,7 +476,7 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
                 }
             })?;
             let fresh = Context::new(old.clone(), ctx.sink());
-            match rollback::restore(&fresh, &serving).await {
+            match rollback::restore(&fresh, serving).await {
                 Ok(()) => Err(UpgradeError::RolledBack {
                     why,
                     restored: serving.id,
@@ -480,6 +505,45 @@ fn update(state_dir: &Path, f: impl FnOnce(&mut History)) -> Result<(), Generati
 /// [`GenerationsError`] when the file cannot be read.
 pub fn history(config: &ValidatedConfig) -> Result<History, GenerationsError> {
     generations::read(Path::new(&config.config().deployment.state_dir))
+}
+
+/// The pause lease an upgrade holds on a running `watch`, and the lease it replaced.
+struct WatchLease {
+    files: crate::lifecycle::watch_state::WatchFiles,
+    before: Option<std::time::SystemTime>,
+}
+
+impl WatchLease {
+    /// How long the lease lasts at most (a crashed upgrade does not pause `watch` for ever).
+    const LONGEST: std::time::Duration = std::time::Duration::from_secs(2 * 3600);
+
+    fn take(state_dir: &Path, ctx: &Context) -> Self {
+        let files = crate::lifecycle::watch_state::WatchFiles::of(state_dir);
+        let now = std::time::SystemTime::now();
+        let before = files.read_pause(now);
+        if let Err(e) = files.write_pause(now + Self::LONGEST) {
+            say(
+                ctx,
+                Level::Warn,
+                format!("pausing watch for the upgrade: {e}"),
+            );
+        }
+        Self { files, before }
+    }
+
+    fn give_back(self, ctx: &Context) {
+        let r = match self.before {
+            Some(until) => self.files.write_pause(until),
+            None => self.files.clear_pause(),
+        };
+        if let Err(e) = r {
+            say(
+                ctx,
+                Level::Warn,
+                format!("resuming watch after the upgrade: {e}"),
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Starting a recorded generation again (an upgrade's automatic rollback, and `rollback` by
 //! hand), and retiring generations beyond the retention.
 
-use crate::config::{DeploymentConfig, ValidatedConfig};
+use crate::config::ValidatedConfig;
 use crate::context::Context;
 use crate::engine;
 use crate::event::{Event, Level, Source};
@@ -71,23 +71,12 @@ impl RollbackError {
     }
 }
 
-/// The recorded config of `g`, with the secrets of `current` (secrets are never recorded).
-///
-/// # Errors
-///
-/// Why it does not parse or validate, in words.
+/// The recorded config of `g`, with the secrets of `current`.
 pub(crate) fn config_of(
     g: &Generation,
     current: &ValidatedConfig,
 ) -> Result<ValidatedConfig, String> {
-    let mut raw: DeploymentConfig =
-        serde_json::from_value(g.config.clone()).map_err(|e| e.to_string())?;
-    let now = current.config();
-    raw.hub.token.clone_from(&now.hub.token);
-    raw.serving.api_key.clone_from(&now.serving.api_key);
-    let home = std::env::var_os("HOME")
-        .map_or_else(|| std::path::PathBuf::from("/"), std::path::PathBuf::from);
-    crate::config::validate(raw, &home).map_err(|e| e.to_string())
+    g.validated(current)
 }
 
 /// Starts generation `g` again on `ctx` (whose config is `g`'s): its image given back its name on
