@@ -8,6 +8,7 @@ pub mod engine;
 pub mod engine_build;
 pub mod host_facts;
 pub mod hub_server;
+pub mod poller;
 pub mod reuse;
 pub mod ssh_agent;
 pub mod standin;

@@ -36,6 +36,7 @@ use spark_deploy_core::run::Context;
 use spark_deploy_core::upgrade::{self, Options, UpgradeError};
 
 use common::testbed::{R, any_rank_container, on_testbed};
+use spark_deploy_testbed::poller::Poller;
 
 /// The stand-in ten times faster than its defaults, so benches take seconds.
 fn with_env(config: &DeploymentConfig, extra: &[(&str, &str)], home: &Path) -> R<ValidatedConfig> {
@@ -47,83 +48,6 @@ fn with_env(config: &DeploymentConfig, extra: &[(&str, &str)], home: &Path) -> R
         c.engine.env.insert((*k).into(), (*v).into());
     }
     Ok(validate(c, home)?)
-}
-
-/// Answers the client saw: (when, good).
-struct Poller {
-    seen: Arc<Mutex<Vec<(Instant, bool)>>>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Poller {
-    fn start(v: &ValidatedConfig) -> R<Self> {
-        let key = spark_deploy_core::lifecycle::api_key::read(Path::new(
-            &v.config().serving.api_key_file,
-        ))?;
-        let url = format!(
-            "http://127.0.0.1:{}/v1/chat/completions",
-            v.config().serving.port
-        );
-        let model = v.config().model.served_name.clone();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s2, stop2) = (Arc::clone(&seen), Arc::clone(&stop));
-        let task = tokio::spawn(async move {
-            let client = reqwest::Client::builder()
-                .timeout(Duration::from_secs(2))
-                .build()
-                .unwrap();
-            while !stop2.load(Ordering::SeqCst) {
-                let ok = client
-                    .post(&url)
-                    .bearer_auth(key.expose())
-                    .json(&serde_json::json!({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Say OK."}]}))
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                s2.lock().unwrap().push((Instant::now(), ok));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-        Ok(Self { seen, stop, task })
-    }
-
-    /// The first good answer at or after `t`.
-    fn first_good_after(&self, t: Instant) -> Option<Instant> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|(at, ok)| *ok && *at >= t)
-            .map(|(at, _)| *at)
-    }
-
-    /// The longest gap between two good answers within [from, to], seconds; and whether the last
-    /// answer by `to` was good.
-    fn gap(&self, from: Instant, to: Instant) -> (f64, bool) {
-        let seen = self.seen.lock().unwrap();
-        let good: Vec<Instant> = seen
-            .iter()
-            .filter(|(t, ok)| *ok && *t >= from && *t <= to)
-            .map(|(t, _)| *t)
-            .collect();
-        let gap = good
-            .windows(2)
-            .map(|w| w[1].duration_since(w[0]).as_secs_f64())
-            .fold(0.0, f64::max);
-        let last_good = seen
-            .iter()
-            .rev()
-            .find(|(t, _)| *t <= to)
-            .is_some_and(|(_, ok)| *ok);
-        (gap, last_good)
-    }
-
-    async fn end(self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.task.await;
-    }
 }
 
 /// A sink that records and, on the first event `trigger` accepts, cancels the context.
