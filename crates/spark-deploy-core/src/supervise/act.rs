@@ -76,8 +76,8 @@ fn child_of(outer: &Context, config: ValidatedConfig) -> Arc<Context> {
 /// The plan's [`RunError`].
 pub async fn stop_pair(outer: &Context) -> Result<(), Box<RunError>> {
     let ctx = child_of(outer, outer.config().clone());
-    Plan::teardown(ctx.config())
-        .run(&ctx)
+    // Boxed: a plan run is a large future; heals nest it deep in the watch loop.
+    Box::pin(Plan::teardown(ctx.config()).run(&ctx))
         .await
         .map(|_| ())
         .map_err(Box::new)
@@ -105,8 +105,7 @@ fn serving_config(outer: &Context) -> ValidatedConfig {
 /// The plan's [`RunError`]; the run then stops the ranks it started.
 pub async fn start_pair(outer: &Context) -> Result<(), Box<RunError>> {
     let ctx = child_of(outer, serving_config(outer));
-    Plan::standard(ctx.config())
-        .run(&ctx)
+    Box::pin(Plan::standard(ctx.config()).run(&ctx))
         .await
         .map(|_| ())
         .map_err(Box::new)

@@ -395,7 +395,7 @@ pub async fn watch(ctx: &Context) -> Result<(), SuperviseError> {
                 }
             }
             Action::Heal | Action::StopForGood { .. } => {
-                heal(ctx, &work, &mut me, &finding, &action).await?;
+                Box::pin(heal(ctx, &work, &mut me, &finding, &action)).await?;
                 work = Arc::new(Context::new(config.clone(), ctx.sink()));
             }
         }

@@ -330,7 +330,9 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
     // A running `watch` holds still for the whole upgrade (its pause lease), then resumes on
     // whichever generation serves; heals always start the serving generation.
     let lease = WatchLease::take(&state_dir, ctx);
-    let run = Plan::restart(&new).run(ctx).await;
+    // Boxed: a plan run is a large future.
+    let plan = Plan::restart(&new);
+    let run = Box::pin(plan.run(ctx)).await;
     // The old pair was touched once Stop began (a Stop cancelled before it started touched
     // nothing).
     let switched_at = run.as_ref().map_or_else(
@@ -379,9 +381,9 @@ pub async fn upgrade(ctx: &Context, opts: &Options) -> Result<Upgraded, UpgradeE
             }
         }
     };
-    let result = finish(
+    let result = Box::pin(finish(
         ctx, opts, &state_dir, &new, &old, &serving, baseline, t, outcome,
-    )
+    ))
     .await;
     lease.give_back(ctx);
     result
@@ -476,7 +478,7 @@ async fn finish(
                 }
             })?;
             let fresh = Context::new(old.clone(), ctx.sink());
-            match rollback::restore(&fresh, serving).await {
+            match Box::pin(rollback::restore(&fresh, serving)).await {
                 Ok(()) => Err(UpgradeError::RolledBack {
                     why,
                     restored: serving.id,

@@ -114,7 +114,7 @@ pub(crate) async fn restore(ctx: &Context, g: &Generation) -> Result<(), Rollbac
             Step::Smoke(Smoke::new(e.as_ref(), &v)),
         ],
     );
-    plan.run(ctx)
+    Box::pin(plan.run(ctx))
         .await
         .map(|_| ())
         .map_err(|source| RollbackError::Launch {
