@@ -94,7 +94,8 @@ impl Watched {
             self.ctx.cancel();
             r
         };
-        let (watched, r) = tokio::join!(supervise::watch(&self.ctx), scenario);
+        // Boxed: both are large futures (plan runs inside), kept off the test thread's stack.
+        let (watched, r) = tokio::join!(Box::pin(supervise::watch(&self.ctx)), Box::pin(scenario));
         r?;
         watched?;
         Plan::teardown(&self.v)
