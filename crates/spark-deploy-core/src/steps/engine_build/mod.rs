@@ -6,18 +6,25 @@
 //! hashes, base image ID, build command), so a re-run with the same inputs builds nothing; then
 //! they are installed into the head's engine directory.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use bollard::models::{ContainerCreateBody, HostConfig};
-use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::digest::sha256_file;
 use crate::engine::BuildRecipe;
 use crate::event::{Level, StepKind};
 use crate::ports::{Cmd, DockerError, DockerNode, Exec, ExecError};
+
+mod cache;
+mod patches;
+
+pub use cache::{BuildRecord, cache_key};
+use cache::{cached, install};
+use patches::read_patches;
+pub use patches::{PatchFailure, parse_apply_error};
 
 /// Why the engine could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -130,160 +137,6 @@ impl BuildError {
     }
 }
 
-/// Where a patch failed, as git reported it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PatchFailure {
-    /// The file in the source tree the failing hunk is for.
-    pub file: Option<String>,
-    /// The line in that file the hunk starts at (git's `patch failed: FILE:LINE`).
-    pub line: Option<u32>,
-    /// The hunk's number among the patch's hunks for that file (1-based) and the line of its
-    /// `@@` header in the patch file, when found there.
-    pub hunk: Option<(usize, usize)>,
-    /// git's error lines.
-    pub message: String,
-}
-
-impl std::fmt::Display for PatchFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (&self.file, self.line, self.hunk) {
-            (Some(file), Some(line), Some((n, at))) => write!(
-                f,
-                "hunk #{n} for {file} (line {at} of the patch) does not match {file} at line {line}"
-            )?,
-            (Some(file), Some(line), None) => {
-                write!(f, "the hunk for {file} at line {line} does not match")?;
-            }
-            (Some(file), None, _) => write!(f, "{file}")?,
-            _ => {}
-        }
-        if self.file.is_some() {
-            write!(f, " (git: {})", self.message)
-        } else {
-            write!(f, "git: {}", self.message)
-        }
-    }
-}
-
-/// Reads `git apply --check`'s error output (and the patch text, to number the hunk).
-#[must_use]
-pub fn parse_apply_error(stderr: &str, patch: &str) -> PatchFailure {
-    let errors: Vec<&str> = stderr
-        .lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with("error:") || l.starts_with("fatal:"))
-        .collect();
-    let message = if errors.is_empty() {
-        stderr.trim().to_owned()
-    } else {
-        errors.join("; ")
-    };
-    let mut file = None;
-    let mut line = None;
-    for e in &errors {
-        if let Some(rest) = e.strip_prefix("error: patch failed: ")
-            && let Some((f, l)) = rest.rsplit_once(':')
-        {
-            file = Some(f.to_owned());
-            line = l.trim().parse().ok();
-            break;
-        }
-        // "error: FILE: No such file or directory", "error: FILE: already exists in working directory"
-        if let Some(rest) = e.strip_prefix("error: ")
-            && let Some((f, why)) = rest.split_once(": ")
-            && !f.contains(' ')
-            && !why.is_empty()
-            && file.is_none()
-        {
-            file = Some(f.to_owned());
-        }
-    }
-    let hunk = match (&file, line) {
-        (Some(f), Some(l)) => locate_hunk(patch, f, l),
-        _ => None,
-    };
-    PatchFailure {
-        file,
-        line,
-        hunk,
-        message,
-    }
-}
-
-/// The hunk of `patch` for `file` whose old range starts at `line`: its number among that file's
-/// hunks and the 1-based line of its `@@` header.
-fn locate_hunk(patch: &str, file: &str, line: u32) -> Option<(usize, usize)> {
-    let mut in_file = false;
-    let mut n = 0;
-    for (i, l) in patch.lines().enumerate() {
-        if let Some(path) = l.strip_prefix("+++ ") {
-            let path = path.split('\t').next().unwrap_or(path).trim();
-            let path = path
-                .strip_prefix("b/")
-                .or_else(|| path.strip_prefix("a/"))
-                .unwrap_or(path);
-            in_file = path == file;
-            n = 0;
-        } else if in_file && let Some(rest) = l.strip_prefix("@@ -") {
-            n += 1;
-            let start: u32 = rest
-                .split([',', ' '])
-                .next()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            if start == line {
-                return Some((n, i + 1));
-            }
-        }
-    }
-    None
-}
-
-/// The cache key of a build: sha256 over the commit, each patch's name and sha256 in order, the
-/// base image's ID on the head, the build command, its environment and what it collects.
-#[must_use]
-pub fn cache_key(
-    commit: &str,
-    patches: &[(String, String)],
-    base_id: &str,
-    recipe: &BuildRecipe,
-) -> String {
-    let mut parts = vec![format!("commit {commit}"), format!("base {base_id}")];
-    parts.extend(patches.iter().map(|(n, s)| format!("patch {n} {s}")));
-    parts.push(format!("command {}", serde_json::json!(recipe.command)));
-    parts.extend(recipe.env.iter().map(|(k, v)| format!("env {k}={v}")));
-    parts.extend(
-        recipe
-            .outputs
-            .iter()
-            .map(|(p, n)| format!("output {p} {n}")),
-    );
-    crate::digest::sha256_hex(parts.join("\n"))
-}
-
-/// What a finished (or cached) build left, recorded as `cache/<key>/build.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BuildRecord {
-    /// [`cache_key`].
-    pub key: String,
-    /// `engine.repo`.
-    pub repo: String,
-    /// `engine.commit`.
-    pub commit: String,
-    /// `(name, sha256)` of each patch, in order.
-    pub patches: Vec<(String, String)>,
-    /// `engine.base_image` and its ID.
-    pub base_image: String,
-    /// The base image's ID on the head.
-    pub base_id: String,
-    /// The build command.
-    pub command: Vec<String>,
-    /// `(name, sha256)` of each engine binary, in the recipe's order.
-    pub binaries: Vec<(String, String)>,
-    /// How long the build ran, seconds.
-    pub build_s: f64,
-}
-
 /// The engine binaries on the head after [`ensure`], and what it took.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Built {
@@ -298,54 +151,6 @@ pub struct Built {
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BuildError {
     let path = path.to_path_buf();
     move |source| BuildError::Io { op, path, source }
-}
-
-/// Reads the patch files: `(name, sha256, text)` in order.
-fn read_patches(paths: &[String]) -> Result<Vec<(String, String, String)>, BuildError> {
-    paths
-        .iter()
-        .map(|p| {
-            let bytes = std::fs::read(p).map_err(|source| BuildError::PatchRead {
-                path: p.clone(),
-                source,
-            })?;
-            let name = Path::new(p)
-                .file_name()
-                .map_or_else(|| p.clone(), |n| n.to_string_lossy().into_owned());
-            Ok((
-                name,
-                crate::digest::sha256_hex(&bytes),
-                String::from_utf8_lossy(&bytes).into_owned(),
-            ))
-        })
-        .collect()
-}
-
-/// The cached build of `key`, when its record is readable and every binary still has its sha256.
-fn cached(entry: &Path, key: &str) -> Option<BuildRecord> {
-    let text = std::fs::read(entry.join("build.json")).ok()?;
-    let record: BuildRecord = serde_json::from_slice(&text).ok()?;
-    let intact = record.key == key
-        && record.binaries.iter().all(|(name, sha)| {
-            sha256_file(&entry.join("engine").join(name)).is_ok_and(|s| s == *sha)
-        });
-    intact.then_some(record)
-}
-
-/// Copies `from` to `to` through a `.partial` file renamed into place (never writing into a file
-/// that may be a hard link or mapped by a running rank), mode 0755.
-fn install(from: &Path, to: &Path) -> Result<(), BuildError> {
-    let dir = to.parent().unwrap_or_else(|| Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
-    let name = to
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let partial = dir.join(format!(".{name}.partial"));
-    std::fs::copy(from, &partial).map_err(io("copy to", &partial))?;
-    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
-        .map_err(io("chmod", &partial))?;
-    std::fs::rename(&partial, to).map_err(io("rename", to))
 }
 
 fn git(dir: &Path) -> Cmd {
