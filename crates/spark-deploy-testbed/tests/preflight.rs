@@ -23,6 +23,12 @@
 //!
 //! The memory budget is decided on the test-scale checkpoint's real size, as the testbed hub
 //! lists it. The unit tests of `preflight::decide` cover the same cases on built facts.
+//!
+//! Cohesion: longer than the ~600-line rule on purpose. It is one scenario on one running
+//! testbed (bringing one up is the expensive part): each failure is set up on the nodes, caught,
+//! and undone before the next, so the cases share the testbed, the demo config and the helpers
+//! in this file, and a later case relies on the earlier ones having been undone. One test binary
+//! (each binary in `tests/` links the whole testbed again).
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

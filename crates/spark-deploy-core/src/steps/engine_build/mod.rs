@@ -6,18 +6,25 @@
 //! hashes, base image ID, build command), so a re-run with the same inputs builds nothing; then
 //! they are installed into the head's engine directory.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use bollard::models::{ContainerCreateBody, HostConfig};
-use serde::{Deserialize, Serialize};
 
 use crate::context::Context;
 use crate::digest::sha256_file;
 use crate::engine::BuildRecipe;
 use crate::event::{Level, StepKind};
 use crate::ports::{Cmd, DockerError, DockerNode, Exec, ExecError};
+
+mod cache;
+mod patches;
+
+pub use cache::{BuildRecord, cache_key};
+use cache::{cached, install};
+use patches::read_patches;
+pub use patches::{PatchFailure, parse_apply_error};
 
 /// Why the engine could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -130,160 +137,6 @@ impl BuildError {
     }
 }
 
-/// Where a patch failed, as git reported it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PatchFailure {
-    /// The file in the source tree the failing hunk is for.
-    pub file: Option<String>,
-    /// The line in that file the hunk starts at (git's `patch failed: FILE:LINE`).
-    pub line: Option<u32>,
-    /// The hunk's number among the patch's hunks for that file (1-based) and the line of its
-    /// `@@` header in the patch file, when found there.
-    pub hunk: Option<(usize, usize)>,
-    /// git's error lines.
-    pub message: String,
-}
-
-impl std::fmt::Display for PatchFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (&self.file, self.line, self.hunk) {
-            (Some(file), Some(line), Some((n, at))) => write!(
-                f,
-                "hunk #{n} for {file} (line {at} of the patch) does not match {file} at line {line}"
-            )?,
-            (Some(file), Some(line), None) => {
-                write!(f, "the hunk for {file} at line {line} does not match")?;
-            }
-            (Some(file), None, _) => write!(f, "{file}")?,
-            _ => {}
-        }
-        if self.file.is_some() {
-            write!(f, " (git: {})", self.message)
-        } else {
-            write!(f, "git: {}", self.message)
-        }
-    }
-}
-
-/// Reads `git apply --check`'s error output (and the patch text, to number the hunk).
-#[must_use]
-pub fn parse_apply_error(stderr: &str, patch: &str) -> PatchFailure {
-    let errors: Vec<&str> = stderr
-        .lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with("error:") || l.starts_with("fatal:"))
-        .collect();
-    let message = if errors.is_empty() {
-        stderr.trim().to_owned()
-    } else {
-        errors.join("; ")
-    };
-    let mut file = None;
-    let mut line = None;
-    for e in &errors {
-        if let Some(rest) = e.strip_prefix("error: patch failed: ")
-            && let Some((f, l)) = rest.rsplit_once(':')
-        {
-            file = Some(f.to_owned());
-            line = l.trim().parse().ok();
-            break;
-        }
-        // "error: FILE: No such file or directory", "error: FILE: already exists in working directory"
-        if let Some(rest) = e.strip_prefix("error: ")
-            && let Some((f, why)) = rest.split_once(": ")
-            && !f.contains(' ')
-            && !why.is_empty()
-            && file.is_none()
-        {
-            file = Some(f.to_owned());
-        }
-    }
-    let hunk = match (&file, line) {
-        (Some(f), Some(l)) => locate_hunk(patch, f, l),
-        _ => None,
-    };
-    PatchFailure {
-        file,
-        line,
-        hunk,
-        message,
-    }
-}
-
-/// The hunk of `patch` for `file` whose old range starts at `line`: its number among that file's
-/// hunks and the 1-based line of its `@@` header.
-fn locate_hunk(patch: &str, file: &str, line: u32) -> Option<(usize, usize)> {
-    let mut in_file = false;
-    let mut n = 0;
-    for (i, l) in patch.lines().enumerate() {
-        if let Some(path) = l.strip_prefix("+++ ") {
-            let path = path.split('\t').next().unwrap_or(path).trim();
-            let path = path
-                .strip_prefix("b/")
-                .or_else(|| path.strip_prefix("a/"))
-                .unwrap_or(path);
-            in_file = path == file;
-            n = 0;
-        } else if in_file && let Some(rest) = l.strip_prefix("@@ -") {
-            n += 1;
-            let start: u32 = rest
-                .split([',', ' '])
-                .next()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            if start == line {
-                return Some((n, i + 1));
-            }
-        }
-    }
-    None
-}
-
-/// The cache key of a build: sha256 over the commit, each patch's name and sha256 in order, the
-/// base image's ID on the head, the build command, its environment and what it collects.
-#[must_use]
-pub fn cache_key(
-    commit: &str,
-    patches: &[(String, String)],
-    base_id: &str,
-    recipe: &BuildRecipe,
-) -> String {
-    let mut parts = vec![format!("commit {commit}"), format!("base {base_id}")];
-    parts.extend(patches.iter().map(|(n, s)| format!("patch {n} {s}")));
-    parts.push(format!("command {}", serde_json::json!(recipe.command)));
-    parts.extend(recipe.env.iter().map(|(k, v)| format!("env {k}={v}")));
-    parts.extend(
-        recipe
-            .outputs
-            .iter()
-            .map(|(p, n)| format!("output {p} {n}")),
-    );
-    crate::digest::sha256_hex(parts.join("\n"))
-}
-
-/// What a finished (or cached) build left, recorded as `cache/<key>/build.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BuildRecord {
-    /// [`cache_key`].
-    pub key: String,
-    /// `engine.repo`.
-    pub repo: String,
-    /// `engine.commit`.
-    pub commit: String,
-    /// `(name, sha256)` of each patch, in order.
-    pub patches: Vec<(String, String)>,
-    /// `engine.base_image` and its ID.
-    pub base_image: String,
-    /// The base image's ID on the head.
-    pub base_id: String,
-    /// The build command.
-    pub command: Vec<String>,
-    /// `(name, sha256)` of each engine binary, in the recipe's order.
-    pub binaries: Vec<(String, String)>,
-    /// How long the build ran, seconds.
-    pub build_s: f64,
-}
-
 /// The engine binaries on the head after [`ensure`], and what it took.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Built {
@@ -298,54 +151,6 @@ pub struct Built {
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BuildError {
     let path = path.to_path_buf();
     move |source| BuildError::Io { op, path, source }
-}
-
-/// Reads the patch files: `(name, sha256, text)` in order.
-fn read_patches(paths: &[String]) -> Result<Vec<(String, String, String)>, BuildError> {
-    paths
-        .iter()
-        .map(|p| {
-            let bytes = std::fs::read(p).map_err(|source| BuildError::PatchRead {
-                path: p.clone(),
-                source,
-            })?;
-            let name = Path::new(p)
-                .file_name()
-                .map_or_else(|| p.clone(), |n| n.to_string_lossy().into_owned());
-            Ok((
-                name,
-                crate::digest::sha256_hex(&bytes),
-                String::from_utf8_lossy(&bytes).into_owned(),
-            ))
-        })
-        .collect()
-}
-
-/// The cached build of `key`, when its record is readable and every binary still has its sha256.
-fn cached(entry: &Path, key: &str) -> Option<BuildRecord> {
-    let text = std::fs::read(entry.join("build.json")).ok()?;
-    let record: BuildRecord = serde_json::from_slice(&text).ok()?;
-    let intact = record.key == key
-        && record.binaries.iter().all(|(name, sha)| {
-            sha256_file(&entry.join("engine").join(name)).is_ok_and(|s| s == *sha)
-        });
-    intact.then_some(record)
-}
-
-/// Copies `from` to `to` through a `.partial` file renamed into place (never writing into a file
-/// that may be a hard link or mapped by a running rank), mode 0755.
-fn install(from: &Path, to: &Path) -> Result<(), BuildError> {
-    let dir = to.parent().unwrap_or_else(|| Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
-    let name = to
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let partial = dir.join(format!(".{name}.partial"));
-    std::fs::copy(from, &partial).map_err(io("copy to", &partial))?;
-    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
-        .map_err(io("chmod", &partial))?;
-    std::fs::rename(&partial, to).map_err(io("rename", to))
 }
 
 fn git(dir: &Path) -> Cmd {
@@ -649,114 +454,4 @@ async fn build(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn recipe() -> BuildRecipe {
-        crate::engine::tensorfold::build_recipe()
-    }
-
-    #[test]
-    fn the_key_follows_commit_patches_base_and_command() {
-        let p = vec![("0001-a.patch".to_owned(), "aa".to_owned())];
-        let k = cache_key("c1", &p, "sha256:b1", &recipe());
-        assert_eq!(k, cache_key("c1", &p, "sha256:b1", &recipe()));
-        assert_eq!(k.len(), 64);
-        assert_ne!(k, cache_key("c2", &p, "sha256:b1", &recipe()));
-        assert_ne!(k, cache_key("c1", &[], "sha256:b1", &recipe()));
-        assert_ne!(k, cache_key("c1", &p, "sha256:b2", &recipe()));
-        let changed = vec![("0001-a.patch".to_owned(), "ab".to_owned())];
-        assert_ne!(k, cache_key("c1", &changed, "sha256:b1", &recipe()));
-        let renamed = vec![("0001-b.patch".to_owned(), "aa".to_owned())];
-        assert_ne!(k, cache_key("c1", &renamed, "sha256:b1", &recipe()));
-        let two = vec![
-            ("a".to_owned(), "1".to_owned()),
-            ("b".to_owned(), "2".to_owned()),
-        ];
-        let swapped = vec![
-            ("b".to_owned(), "2".to_owned()),
-            ("a".to_owned(), "1".to_owned()),
-        ];
-        assert_ne!(
-            cache_key("c1", &two, "sha256:b1", &recipe()),
-            cache_key("c1", &swapped, "sha256:b1", &recipe()),
-            "the order of the patches counts"
-        );
-        let mut other = recipe();
-        other.command.push("-Dextra=1".into());
-        assert_ne!(k, cache_key("c1", &p, "sha256:b1", &other));
-        let mut split = recipe();
-        // The argv's boundaries count, not just its text.
-        split.command = vec!["zig build".into()];
-        let mut joined = recipe();
-        joined.command = vec!["zig".into(), "build".into()];
-        assert_ne!(
-            cache_key("c1", &p, "sha256:b1", &split),
-            cache_key("c1", &p, "sha256:b1", &joined)
-        );
-    }
-
-    const PATCH: &str = "\
-diff --git a/src/main.c b/src/main.c
-index 1111111..2222222 100644
---- a/src/main.c
-+++ b/src/main.c
-@@ -1,3 +1,3 @@
- #include <stdio.h>
--#define A 1
-+#define A 2
- int x;
-@@ -10,3 +10,3 @@ int main(void)
- {
--  return A;
-+  return A + 1;
- }
-diff --git a/README b/README
---- a/README
-+++ b/README
-@@ -10,1 +10,1 @@
--old
-+new
-";
-
-    #[test]
-    fn a_failed_hunk_is_located_in_the_patch() {
-        let stderr =
-            "error: patch failed: src/main.c:10\nerror: src/main.c: patch does not apply\n";
-        let f = parse_apply_error(stderr, PATCH);
-        assert_eq!(f.file.as_deref(), Some("src/main.c"));
-        assert_eq!(f.line, Some(10));
-        assert_eq!(f.hunk, Some((2, 10)));
-        let text = f.to_string();
-        assert!(
-            text.contains("hunk #2 for src/main.c (line 10 of the patch)")
-                && text.contains("at line 10")
-                && text.contains("patch does not apply"),
-            "{text}"
-        );
-        // The same start line in another file's hunks is not confused with it.
-        let f = parse_apply_error("error: patch failed: README:10\n", PATCH);
-        assert_eq!(f.hunk, Some((1, 18)));
-    }
-
-    #[test]
-    fn other_apply_errors_name_the_file_or_keep_gits_words() {
-        let f = parse_apply_error("error: src/gone.c: No such file or directory\n", PATCH);
-        assert_eq!(f.file.as_deref(), Some("src/gone.c"));
-        assert_eq!(f.line, None);
-        assert!(f.to_string().contains("No such file or directory"), "{f}");
-        let f = parse_apply_error("error: corrupt patch at line 7\n", "x");
-        assert_eq!(f.file, None);
-        assert_eq!(f.to_string(), "git: error: corrupt patch at line 7");
-        let f = parse_apply_error(
-            "error: patch failed: src/main.c:99\nerror: src/main.c: patch does not apply\n",
-            PATCH,
-        );
-        assert_eq!((f.line, f.hunk), (Some(99), None));
-        assert!(
-            f.to_string()
-                .starts_with("the hunk for src/main.c at line 99"),
-            "{f}"
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,177 @@
+use super::*;
+
+fn check(f: impl FnOnce(&mut DeploymentConfig)) -> Result<ValidatedConfig, ConfigError> {
+    let mut c = DeploymentConfig::default();
+    f(&mut c);
+    validate(c, Path::new("/home/spark"))
+}
+
+fn refused_field(f: impl FnOnce(&mut DeploymentConfig)) -> String {
+    match check(f) {
+        Err(ConfigError::Invalid { problems }) => problems[0].field.clone(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn watch_fields_are_checked_by_name() {
+    assert_eq!(
+        refused_field(|c| c.watch.interval_s = 0.0),
+        "watch.interval_s"
+    );
+    assert_eq!(
+        refused_field(|c| c.watch.memory_floor_gib = -1.0),
+        "watch.memory_floor_gib"
+    );
+    assert_eq!(
+        refused_field(|c| c.watch.max_heals_per_hour = 61),
+        "watch.max_heals_per_hour"
+    );
+    assert_eq!(refused_field(|c| c.watch.wedge_s = 3.0), "watch.wedge_s");
+    assert_eq!(
+        refused_field(|c| c.nodes[1].proc_root = "proc".into()),
+        "nodes[1].proc_root"
+    );
+    let mut raw = DeploymentConfig::default();
+    raw.watch.heal = crate::config::HealPolicy::Stop;
+    assert!(validate(raw, Path::new("/home/u")).is_ok());
+}
+
+#[test]
+fn runtime_sysfs_root_and_path_are_checked() {
+    assert_eq!(
+        refused_field(|c| c.engine.runtime = "nvidia runc".into()),
+        "engine.runtime"
+    );
+    assert_eq!(
+        refused_field(|c| c.nodes[1].sysfs_root = "sys".into()),
+        "nodes[1].sysfs_root"
+    );
+    assert_eq!(
+        refused_field(|c| c.nodes[0].path = vec!["/a:/b".into()]),
+        "nodes[0].path"
+    );
+    let v = check(|c| {
+        c.engine.runtime = "runc".into();
+        c.nodes[0].path = vec!["/usr/local/nvidia/bin".into()];
+        c.nodes[1].sysfs_root = "/srv/facts/sys".into();
+    })
+    .unwrap();
+    assert_eq!(v.config().nodes[1].sysfs_root, "/srv/facts/sys");
+}
+
+#[test]
+fn engine_repo_is_a_url_or_an_absolute_path() {
+    assert_eq!(
+        refused_field(|c| c.engine.repo = "engine-src".into()),
+        "engine.repo"
+    );
+    for ok in [
+        "",
+        "/srv/tensorfold",
+        "https://example.org/tensorfold.git",
+        "ssh://git@example.org/tensorfold.git",
+        "git@example.org:org/tensorfold.git",
+    ] {
+        assert!(check(|c| c.engine.repo = ok.into()).is_ok(), "{ok}");
+    }
+    assert!(crate::config::repo_is_remote("git@example.org:org/x.git"));
+    assert!(!crate::config::repo_is_remote("/srv/a:b/x"));
+}
+
+#[test]
+fn defaults_pass_with_warnings() {
+    let v = check(|_| {}).unwrap();
+    let fields: Vec<_> = v.warnings().iter().map(|w| w.field.as_str()).collect();
+    assert!(fields.contains(&"serving.context"), "{fields:?}");
+    assert!(fields.contains(&"model.revision"), "{fields:?}");
+    assert_eq!(
+        v.config().nodes[1].data_dir,
+        "/home/spark/.cache/spark-deploy"
+    );
+    assert_eq!(
+        v.config().serving.api_key_file,
+        "/home/spark/.local/state/spark-deploy/api-key"
+    );
+}
+
+#[test]
+fn context_0_asks_preflight_for_the_largest_that_fits() {
+    let v = check(|c| c.serving.context = 0).unwrap();
+    assert_eq!(v.config().serving.context, 0);
+}
+
+#[test]
+fn engine_limits_are_refused_with_the_field() {
+    assert_eq!(refused_field(|c| c.serving.context = 1), "serving.context");
+    assert_eq!(
+        refused_field(|c| c.serving.context = 1_114_064),
+        "serving.context"
+    );
+    assert_eq!(
+        refused_field(|c| c.serving.parallel = 5),
+        "serving.parallel"
+    );
+    assert_eq!(refused_field(|c| c.nodes.truncate(1)), "nodes");
+    assert_eq!(
+        refused_field(|c| {
+            c.engine.env.insert("TF_DS_ROUND_ROWS".into(), "48".into());
+        }),
+        "engine.env.TF_DS_ROUND_ROWS"
+    );
+    assert_eq!(
+        refused_field(|c| {
+            c.engine.env.insert("TF_TP_MASTER".into(), "1.2.3.4".into());
+        }),
+        "engine.env.TF_TP_MASTER"
+    );
+    assert_eq!(
+        refused_field(|c| c.nodes[0].ssh = "me@elsewhere".into()),
+        "nodes[0].ssh"
+    );
+    assert_eq!(
+        refused_field(|c| c.nodes[1].network_mode = "bridge".into()),
+        "nodes[1].network_mode"
+    );
+    assert_eq!(
+        refused_field(|c| c.serving.max_tokens = 40_000_000),
+        "serving.max_tokens"
+    );
+    assert_eq!(
+        refused_field(|c| c.engine.commit = "59402086381A42C74D53053443224EEC2790B4C5".into()),
+        "engine.commit"
+    );
+}
+
+#[test]
+fn ssh_values_that_ssh_would_misread_are_refused_with_the_reason() {
+    let e = check(|c| c.nodes[1].ssh = "-oProxyCommand=touch /tmp/x".into())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nodes[1].ssh = "), "{e}");
+    assert!(e.contains("starts with '-'"), "{e}");
+    assert!(e.contains("Host alias of ~/.ssh/config"), "{e}");
+    let e = check(|c| c.nodes[1].known_hosts = "/k/kh\nProxyCommand x".into())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nodes[1].known_hosts = "), "{e}");
+    assert!(e.contains("newline"), "{e}");
+    assert_eq!(
+        refused_field(|c| c.nodes[1].identity_file = "/k/%h".into()),
+        "nodes[1].identity_file"
+    );
+    assert_eq!(
+        refused_field(|c| c.nodes[1].ssh_port = Some(0)),
+        "nodes[1].ssh_port"
+    );
+    // An alias, no port, no key, no known_hosts: all left to ssh.
+    let v = check(|c| c.nodes[1].ssh = "sparky".into()).unwrap();
+    let w = &v.config().nodes[1];
+    assert_eq!((w.ssh_port, w.identity_file.as_str()), (None, ""));
+}
+
+#[test]
+fn message_carries_value_and_range() {
+    let e = check(|c| c.serving.parallel = 9).unwrap_err().to_string();
+    assert!(e.contains("serving.parallel = 9: allowed 1..=4"), "{e}");
+}
