@@ -9,7 +9,9 @@
 //! - Ctrl-C during the switch → the old generation serves again;
 //! - a good generation → accepted, the old one superseded;
 //! - a heal by a `watch` started with the old config → starts the serving generation;
-//! - `rollback` → the old generation serves again.
+//! - `rollback` → the old generation serves again;
+//! - another accepted upgrade retires the generation beyond `lifecycle.keep_generations` (1), and
+//!   `rollback` skips it.
 //!
 //! Every upgrade holds `watch`'s pause lease while the old ranks stop, and gives it back.
 //!
@@ -307,6 +309,31 @@ async fn scenario(info: &spark_deploy_testbed::cluster::TestbedInfo, home: &Path
     assert_eq!(back, 1);
     assert!(good && gap <= bound, "gap {gap:.2} s (bound {bound:.1} s)");
     assert_eq!(serving(&v1), 1);
+
+    // Retention (lifecycle.keep_generations = 1): another accepted upgrade retires the
+    // generation that served before generation 1 and keeps generation 1 as the rollback target.
+    let third = {
+        let mut c = config.clone();
+        c.serving.max_tokens /= 4;
+        with_env(&c, &[], home)?
+    };
+    let u3 = upgrade_to(&third, None)
+        .await
+        .0
+        .map_err(|e| format!("{e} — {}", e.remedy()))?;
+    assert_eq!(u3.removed, vec![u.generation], "{u3:?}");
+    let h = upgrade::history(&v1)?;
+    let state_of = |id: u32| h.generations.iter().find(|g| g.id == id).map(|g| g.state);
+    assert_eq!(state_of(u.generation), Some(GenerationState::Retired));
+    assert_eq!(state_of(1), Some(GenerationState::Superseded));
+    let back = upgrade::rollback(&Context::new(third.clone(), Arc::new(Recorder::default())))
+        .await
+        .map_err(|e| format!("{e} — {}", e.remedy()))?;
+    assert_eq!(back, 1, "a retired generation is never a rollback target");
+    eprintln!(
+        "retention: generation {} retired, rollback to {back}",
+        u.generation
+    );
 
     poller.end().await;
     Plan::teardown(&v1)

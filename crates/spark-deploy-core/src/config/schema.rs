@@ -380,6 +380,9 @@ pub struct LifecycleSection {
     pub ready_timeout_s: u64,
     /// Grace period when stopping a rank, seconds.
     pub stop_timeout_s: u64,
+    /// Generations kept besides the serving one after an accepted upgrade (rollback targets);
+    /// older ones lose their inputs and image tags.
+    pub keep_generations: u32,
 }
 
 impl Default for LifecycleSection {
@@ -390,6 +393,7 @@ impl Default for LifecycleSection {
             log_keep: 10,
             ready_timeout_s: 1800,
             stop_timeout_s: 30,
+            keep_generations: 1,
         }
     }
 }

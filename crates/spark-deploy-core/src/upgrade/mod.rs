@@ -40,8 +40,8 @@ pub struct Options {
     /// The short `bench` run (also the old generation's baseline when it has none).
     pub bench: bench::Options,
     /// Generations kept besides the serving one (their inputs and image tags); older ones are
-    /// removed once a new generation is accepted.
-    pub keep_generations: usize,
+    /// removed once a new generation is accepted. `None`: `lifecycle.keep_generations`.
+    pub keep_generations: Option<usize>,
 }
 
 impl Default for Options {
@@ -60,7 +60,7 @@ impl Default for Options {
                 reps: 2,
                 prefill: vec![8192],
             },
-            keep_generations: 1,
+            keep_generations: None,
         }
     }
 }
@@ -413,11 +413,10 @@ async fn finish(
                 if let Some(g) = h.generations.iter_mut().find(|g| g.id == id) {
                     g.figures = Some(figures);
                 }
-                removed = h
-                    .beyond(opts.keep_generations)
-                    .iter()
-                    .map(|g| g.id)
-                    .collect();
+                let keep = opts.keep_generations.unwrap_or_else(|| {
+                    usize::try_from(new.config().lifecycle.keep_generations).unwrap_or(usize::MAX)
+                });
+                removed = h.beyond(keep).iter().map(|g| g.id).collect();
             })?;
             let history = generations::read(state_dir)?;
             rollback::retire(ctx, &history, &removed).await;

@@ -15,6 +15,7 @@ pub(super) fn lifecycle(c: &mut Checker, config: &DeploymentConfig) {
         " (a Spark has 128 GB)",
     );
     c.range("lifecycle.log_keep", l.log_keep, 0, 1000, "");
+    c.range("lifecycle.keep_generations", l.keep_generations, 0, 100, "");
     c.range(
         "lifecycle.ready_timeout_s",
         l.ready_timeout_s,
