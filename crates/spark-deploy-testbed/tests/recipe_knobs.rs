@@ -29,7 +29,7 @@ use spark_deploy_core::steps::{BuildRankCache, FetchCheckpoint};
 use spark_deploy_testbed::cluster::TestbedInfo;
 use spark_deploy_testbed::hub_server::HubServer;
 
-use common::testbed::{R, any_rank_container, on_testbed, steps};
+use common::testbed::{R, any_rank_container, on_testbed_removing_ranks, steps};
 
 fn with(
     config: &spark_deploy_core::config::DeploymentConfig,
@@ -256,19 +256,5 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn testbed_recipe_knobs_prepare_dry_run_fabric_peer_and_local_tree() {
-    on_testbed(|info, home| async move {
-        let r =
-            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(scenario(&info, &home)))
-                .await;
-        if any_rank_container().unwrap_or(false) {
-            let _ = std::process::Command::new("docker")
-                .args(["rm", "-f", "sd-testbed-rank0", "sd-testbed-rank1"])
-                .output();
-        }
-        match r {
-            Ok(r) => r,
-            Err(p) => std::panic::resume_unwind(p),
-        }
-    })
-    .await;
+    on_testbed_removing_ranks(|info, home| async move { scenario(&info, &home).await }).await;
 }

@@ -37,7 +37,7 @@ use spark_deploy_core::plan::Plan;
 use spark_deploy_core::run::Context;
 use spark_deploy_core::upgrade::{self, Options, UpgradeError};
 
-use common::testbed::{R, any_rank_container, on_testbed};
+use common::testbed::{R, on_testbed_removing_ranks};
 use spark_deploy_testbed::poller::Poller;
 
 /// The stand-in ten times faster than its defaults, so benches take seconds.
@@ -345,19 +345,5 @@ async fn scenario(info: &spark_deploy_testbed::cluster::TestbedInfo, home: &Path
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn testbed_upgrade_rolls_back_every_refused_generation_and_accepts_a_good_one() {
-    on_testbed(|info, home| async move {
-        let r =
-            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(scenario(&info, &home)))
-                .await;
-        if any_rank_container().unwrap_or(false) {
-            let _ = std::process::Command::new("docker")
-                .args(["rm", "-f", "sd-testbed-rank0", "sd-testbed-rank1"])
-                .output();
-        }
-        match r {
-            Ok(r) => r,
-            Err(p) => std::panic::resume_unwind(p),
-        }
-    })
-    .await;
+    on_testbed_removing_ranks(|info, home| async move { scenario(&info, &home).await }).await;
 }

@@ -67,3 +67,27 @@ pub fn any_rank_container() -> R<bool> {
         .output()?;
     Ok(!ps.stdout.is_empty())
 }
+
+/// [`on_testbed`] for a scenario that starts ranks: whether it returns or panics, rank containers
+/// it left behind are removed before the testbed comes down; then its panic, if any, resumes.
+pub async fn on_testbed_removing_ranks<F, Fut>(scenario: F)
+where
+    F: FnOnce(TestbedInfo, PathBuf) -> Fut,
+    Fut: Future<Output = R<()>>,
+{
+    on_testbed(|info, home| async move {
+        let r =
+            futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(scenario(info, home)))
+                .await;
+        if any_rank_container().unwrap_or(false) {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f", "sd-testbed-rank0", "sd-testbed-rank1"])
+                .output();
+        }
+        match r {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+    .await;
+}
