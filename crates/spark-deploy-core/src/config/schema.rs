@@ -417,6 +417,10 @@ pub struct WatchSection {
     pub heal: HealPolicy,
     /// Heals allowed within one hour; the next finding stops the pair and it stays down.
     pub max_heals_per_hour: u32,
+    /// Seconds a heal gives each rank to stop before SIGKILL. Short: both logs are saved first,
+    /// and a wedged or frozen rank never stops by itself (`lifecycle.stop_timeout_s` is the
+    /// grace of a user's `down`).
+    pub heal_stop_grace_s: u64,
 }
 
 impl Default for WatchSection {
@@ -429,6 +433,7 @@ impl Default for WatchSection {
             memory_floor_gib: 3.0,
             heal: HealPolicy::Restart,
             max_heals_per_hour: 3,
+            heal_stop_grace_s: 2,
         }
     }
 }
