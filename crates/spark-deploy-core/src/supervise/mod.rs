@@ -462,6 +462,20 @@ async fn heal(
         }
         Err(LockError::Io { .. }) | Ok(_) => {}
     }
+    // A `down` that ended between the sample and now wrote its stop marker under the lock: the
+    // marker read before the sample is stale, read it again.
+    if me.files.read_stop().is_some() {
+        log(
+            ctx,
+            Level::Info,
+            format!(
+                "{}: the pair was stopped meanwhile (stop marker); not acting",
+                finding.describe()
+            ),
+        );
+        me.window.clear();
+        return Ok(());
+    }
     let t = Instant::now();
     let what = match action {
         Action::StopForGood { .. } => "stopping the pair for good",
