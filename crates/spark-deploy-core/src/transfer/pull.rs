@@ -12,22 +12,37 @@ use crate::ports::exec::{Cmd, Exec};
 /// The script each pull runs on the worker. Reads the token from stdin (never argv), resumes a
 /// `.partial`, checks size and sha256, renames, records the file in the manifest (so a run that
 /// ends early never sends it again) and prints the final mtime.
-/// Hashing uses `openssl dgst` when the worker has it (SHA extensions: ~1 GB/s here, where
-/// coreutils' `sha256sum` does ~0.2 GB/s and would cap the copy), else `sha256sum`.
+///
+/// One pass over the bytes: what `curl` receives goes through `tee` into the partial and into the
+/// hash at once (a resumed partial's prefix is read once, ahead of the stream), so the file is never
+/// read back after it was written. A failed attempt (curl, the prefix or the write: marked by a
+/// `.failed` file beside the destination, since `sh` has no pipefail) that moved bytes resumes
+/// from what landed, up to 4 attempts; one that moved none (the server gone) fails at once. Hashing uses `openssl dgst` when the worker has it (SHA extensions: ~1 GB/s
+/// here, where coreutils' `sha256sum` does ~0.2 GB/s and would cap the copy), else `sha256sum`.
 const PULL: &str = r#"set -u
 if command -v openssl >/dev/null 2>&1; then h() { openssl dgst -sha256 -r "$@"; }; else h() { sha256sum "$@"; }; fi
 IFS= read -r token
-url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; manifest="$6"; part="$dest.partial"
+url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; manifest="$6"; part="$dest.partial"; failed="$dest.failed"
 mkdir -p -- "$(dirname -- "$dest")" "$(dirname -- "$manifest")" || exit 10
 have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
 if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
-if [ "$have" -lt "$size" ]; then
-  printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --retry 3 --retry-delay 1 --speed-limit 1024 --speed-time 30 -H @- -C - -o "$part" -- "$url" || exit 11
-fi
+sum=; tries=0
+while [ "$have" -lt "$size" ]; do
+  tries=$((tries + 1)); rm -f -- "$failed"
+  sum=$( { [ "$have" -eq 0 ] || cat -- "$part" || : > "$failed"
+    { printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --speed-limit 1024 --speed-time 30 -H @- -C "$have" -o - -- "$url" || : > "$failed"; } | { tee -a -- "$part" || : > "$failed"; }
+  } | h | cut -d' ' -f1 )
+  [ -f "$part" ] || : > "$part"
+  before=$have; have=$(stat -c %s -- "$part")
+  [ -e "$failed" ] || break
+  rm -f -- "$failed"; sum=
+  [ "$have" -gt "$before" ] && [ "$tries" -lt 4 ] || exit 11
+  sleep 1
+done
 [ -f "$part" ] || : > "$part"
 got=$(stat -c %s -- "$part")
 [ "$got" = "$size" ] || { echo "size $got, expected $size" >&2; exit 12; }
-sum=$(h "$part" | cut -d' ' -f1)
+[ -n "$sum" ] || sum=$(h "$part" | cut -d' ' -f1)
 [ "$sum" = "$sha" ] || { rm -f -- "$part"; echo "sha256 $sum, expected $sha (partial removed)" >&2; exit 13; }
 chmod "$mode" -- "$part" && mv -f -- "$part" "$dest" || exit 14
 mtime=$(stat -c %.9Y -- "$dest") || exit 14
