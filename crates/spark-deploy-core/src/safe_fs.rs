@@ -27,6 +27,10 @@ pub const TEXT_CAP: u64 = 1 << 20;
 /// Largest JSON document read from a checkpoint or a state directory: 64 MiB.
 pub const JSON_CAP: u64 = 64 << 20;
 
+/// `custom_flags` for reopening a partial file to resume it (a download's `.incomplete`): never
+/// through a symlink (`ELOOP`), never blocking on a FIFO (`ENXIO`).
+pub const RESUME_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+
 /// Why a file was not opened or read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
@@ -180,6 +184,18 @@ pub fn write_exclusive(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<
     create_exclusive(path, 0o644)?.write_all(bytes.as_ref())
 }
 
+/// `std::fs::copy` into a temporary: `from` must be a regular file ([`open_regular`]), `tmp` is
+/// created by [`create_exclusive`] with `mode`; returns the bytes copied.
+///
+/// # Errors
+///
+/// As [`open_regular`] and [`create_exclusive`], and the copy's I/O error.
+pub fn copy_exclusive(from: &Path, tmp: &Path, mode: u32) -> std::io::Result<u64> {
+    let mut src = open_regular(from)?;
+    let mut dst = create_exclusive(tmp, mode)?;
+    std::io::copy(&mut src, &mut dst)
+}
+
 /// Writes `bytes` to `tmp` (through [`create_exclusive`], mode `mode`), fsyncs it and renames it
 /// to `path`: `path` holds the old content or the new one, never a part; a symlink at `path` is
 /// replaced, not followed. On failure `tmp` is removed.
@@ -281,6 +297,18 @@ mod tests {
         assert!(!tmp.exists());
         let mode = std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
+
+    #[test]
+    fn copy_exclusive_never_writes_through_a_planted_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, victim, tmp) = (d.path().join("s"), d.path().join("v"), d.path().join("t"));
+        std::fs::write(&src, b"binary").unwrap();
+        std::fs::write(&victim, b"precious").unwrap();
+        symlink(&victim, &tmp).unwrap();
+        assert_eq!(copy_exclusive(&src, &tmp, 0o755).unwrap(), 6);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(std::fs::read(&tmp).unwrap(), b"binary");
     }
 
     #[test]

@@ -492,7 +492,7 @@ fn write_archive(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let result = (|| {
-        let file = std::fs::File::create(&partial)?;
+        let file = crate::safe_fs::create_exclusive(&partial, 0o644)?;
         let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
         let mut tar = tar::Builder::new(gz);
         for (name, bytes) in members {

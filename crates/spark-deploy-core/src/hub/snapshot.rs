@@ -74,7 +74,7 @@ pub(crate) fn update_manifest(
         && std::fs::create_dir_all(dir).is_ok()
     {
         let tmp = p.with_extension("json.sd-tmp");
-        if std::fs::write(&tmp, json).is_ok() {
+        if crate::safe_fs::write_exclusive(&tmp, json).is_ok() {
             let _ = std::fs::rename(&tmp, &p);
         }
     }

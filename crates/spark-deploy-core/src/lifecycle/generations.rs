@@ -241,7 +241,7 @@ pub fn write(state_dir: &Path, history: &History) -> Result<(), GenerationsError
     std::fs::create_dir_all(state_dir).map_err(io)?;
     let tmp = state_dir.join(format!(".{FILE}.partial"));
     let bytes = serde_json::to_vec_pretty(history).unwrap_or_default();
-    std::fs::write(&tmp, bytes).map_err(io)?;
+    crate::safe_fs::write_exclusive(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)
 }
 

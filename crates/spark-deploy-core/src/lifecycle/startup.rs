@@ -62,7 +62,7 @@ pub fn write(state_dir: &Path, t: &StartupTimings) -> Result<(), StartupError> {
         path: path.clone(),
         source: e,
     })?;
-    std::fs::write(&tmp, json).map_err(io)?;
+    crate::safe_fs::write_exclusive(&tmp, json).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)
 }
 

@@ -76,7 +76,7 @@ pub(super) fn install(from: &Path, to: &Path) -> Result<(), BuildError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let partial = dir.join(format!(".{name}.partial"));
-    std::fs::copy(from, &partial).map_err(io("copy to", &partial))?;
+    crate::safe_fs::copy_exclusive(from, &partial, 0o755).map_err(io("copy to", &partial))?;
     std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
         .map_err(io("chmod", &partial))?;
     std::fs::rename(&partial, to).map_err(io("rename", to))

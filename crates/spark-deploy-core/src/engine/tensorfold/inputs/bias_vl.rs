@@ -189,7 +189,7 @@ pub fn write_tensors(tensors: &[BiasTensor], out: &Path) -> Result<BiasVlReport,
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
     let tmp = out.with_extension("safetensors.partial");
-    std::fs::write(&tmp, &blob).map_err(io(&tmp))?;
+    crate::safe_fs::write_exclusive(&tmp, &blob).map_err(io(&tmp))?;
     std::fs::rename(&tmp, out).map_err(io(out))?;
     Ok(BiasVlReport {
         tensors: tensors.len(),

@@ -368,7 +368,7 @@ pub fn write_token_map(model_dir: &Path, out: &Path) -> Result<TokenMap, TokenMa
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
     let tmp = out.with_extension("json.partial");
-    std::fs::write(&tmp, map.to_json()).map_err(io(&tmp))?;
+    crate::safe_fs::write_exclusive(&tmp, map.to_json()).map_err(io(&tmp))?;
     std::fs::rename(&tmp, out).map_err(io(out))?;
     Ok(map)
 }
