@@ -229,7 +229,10 @@ mod tests {
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         assert_eq!(read(&p).unwrap(), k);
         let fifo = d.path().join("fifo-key");
-        let st = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
         assert!(st.success());
         let e = read(&fifo).unwrap_err();
         assert!(e.to_string().contains("FIFO"), "{e}");

@@ -152,7 +152,10 @@ fn link_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> std::io::R
             if fs_err::hard_link(&real, &dst).is_err() {
                 let tmp = dst.with_extension("partial");
                 crate::safe_fs::copy_exclusive(&real, &tmp, 0o644).map_err(|e| {
-                    std::io::Error::new(e.kind(), format!("copy {} to {}: {e}", real.display(), tmp.display()))
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("copy {} to {}: {e}", real.display(), tmp.display()),
+                    )
                 })?;
                 fs_err::rename(&tmp, &dst)?;
             }

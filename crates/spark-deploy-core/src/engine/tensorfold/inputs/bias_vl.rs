@@ -5,7 +5,6 @@
 //! the file's sha256 can match the kit's MANIFEST.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -129,7 +128,7 @@ pub fn write_bias_vl(original_dir: &Path, out: &Path) -> Result<BiasVlReport, Bi
             });
         }
         let mut data = vec![0; t.len as usize];
-        let f = File::open(&h.shard.path).map_err(|source| BiasVlError::Io {
+        let f = crate::safe_fs::open_regular(&h.shard.path).map_err(|source| BiasVlError::Io {
             path: h.shard.path.clone(),
             source,
         })?;

@@ -124,6 +124,7 @@ pub fn sidecar_path(rank_file: &Path) -> PathBuf {
 /// The sidecar of a rank file, if present and readable.
 #[must_use]
 pub fn read_sidecar(rank_file: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read(sidecar_path(rank_file)).ok()?;
+    let text =
+        crate::safe_fs::read_capped(&sidecar_path(rank_file), crate::safe_fs::JSON_CAP).ok()?;
     serde_json::from_slice(&text).ok()
 }
