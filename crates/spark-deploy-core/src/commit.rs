@@ -16,7 +16,8 @@ pub fn is_commit_id(s: &str) -> bool {
 pub const MAX_REF_LEN: usize = 255;
 
 /// Checks a branch or tag name by git's `check-ref-format` rules, narrowed to the characters the
-/// Hub's names use (`A-Z a-z 0-9 - _ . /`): not empty, at most [`MAX_REF_LEN`] bytes, no `..`,
+/// Hub's names use (`A-Z a-z 0-9 - _ . /`): not empty, at most [`MAX_REF_LEN`] bytes, not
+/// starting with `-` (as `git branch` refuses), no `..`,
 /// no leading, trailing or doubled `/`, no component starting with `.` or ending with `.lock`,
 /// not ending with `.`. What passes is safe to join below a cache directory (`refs/<name>`): it
 /// can never climb out of it or be an absolute path.
@@ -39,6 +40,9 @@ pub fn check_ref_name(s: &str) -> Result<(), &'static str> {
         .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
     {
         return Err("contains a character other than A-Z, a-z, 0-9, '-', '_', '.', '/'");
+    }
+    if s.starts_with('-') {
+        return Err("starts with '-' (git reads it as an option)");
     }
     if s.contains("..") {
         return Err("contains `..`");
@@ -82,6 +86,7 @@ mod tests {
             ("sp ace", "character other"),
             ("caf\u{e9}", "character other"),
             ("a@{1}", "character other"),
+            ("-rf", "'-'"),
         ] {
             let e = check_ref_name(bad).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");
