@@ -9,6 +9,9 @@
 //! remedy, no secret echoed, no hang (10 s), and that nothing outside the case's directory
 //! changed (the shared parent, holding a victim file, is snapshotted before and after each case).
 
+// Helpers of a test binary: a failed unwrap is a test failure with its location.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

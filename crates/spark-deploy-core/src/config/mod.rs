@@ -54,21 +54,8 @@ pub enum ConfigError {
         expected: String,
     },
     /// A value imported from a bash recipe is out of form or refused by validation.
-    #[error("{}:{line}: {var}={value:?} (sets {field}): expected {expected}", file.display())]
-    Recipe {
-        /// The recipe file.
-        file: PathBuf,
-        /// The 1-based line of the assignment.
-        line: usize,
-        /// The variable.
-        var: String,
-        /// The field it sets.
-        field: String,
-        /// The value (`***` for secrets).
-        value: String,
-        /// What would be accepted.
-        expected: String,
-    },
+    #[error("{}:{}: {}={:?} (sets {}): expected {}", .0.file.display(), .0.line, .0.var, .0.value, .0.field, .0.expected)]
+    Recipe(Box<RecipeProblem>),
     /// A recipe file is present but cannot be read (or is a FIFO, a device, a directory).
     #[error("cannot read recipe file {}: {error}", path.display())]
     RecipeRead {
@@ -99,6 +86,23 @@ pub enum ConfigError {
     },
 }
 
+/// Where a refused recipe value is and what it set ([`ConfigError::Recipe`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecipeProblem {
+    /// The recipe file.
+    pub file: PathBuf,
+    /// The 1-based line of the assignment.
+    pub line: usize,
+    /// The variable.
+    pub var: String,
+    /// The field it sets.
+    pub field: String,
+    /// The value (`***` for secrets).
+    pub value: String,
+    /// What would be accepted.
+    pub expected: String,
+}
+
 impl ConfigError {
     /// What the user can do about it.
     #[must_use]
@@ -122,11 +126,11 @@ impl ConfigError {
                     .into(),
             ),
             Self::Env { var, .. } => Some(format!("fix or unset {var} in the environment")),
-            Self::Recipe {
-                file, line, var, ..
-            } => Some(format!(
-                "fix or remove {var} at {}:{line}, then run `spark-deploy init --from-recipe` again",
-                file.display()
+            Self::Recipe(p) => Some(format!(
+                "fix or remove {} at {}:{}, then run `spark-deploy init --from-recipe` again",
+                p.var,
+                p.file.display(),
+                p.line
             )),
             Self::NoRecipe { .. } => Some(
                 "give the recipe's top directory (the one holding .env and scripts/local.sh)"
@@ -141,7 +145,7 @@ impl ConfigError {
     pub fn field(&self) -> Option<String> {
         match self {
             Self::Env { field, .. } => Some((*field).to_owned()),
-            Self::Recipe { field, .. } => Some(field.clone()),
+            Self::Recipe(p) => Some(p.field.clone()),
             Self::Invalid { problems } => problems.first().map(|p| p.field.clone()),
             Self::Parse { message, .. } => message.lines().find_map(|l| {
                 l.split_once("unknown field `")

@@ -161,14 +161,14 @@ pub fn import_recipe(dir: &Path, home: &Path) -> Result<RecipeImport, ConfigErro
         let (file, line) = origin_of(var)
             .map(|(_, _, o)| (o.file.clone(), o.line))
             .unwrap_or_default();
-        ConfigError::Recipe {
+        ConfigError::Recipe(Box::new(super::RecipeProblem {
             file,
             line,
             var: var.to_owned(),
             field,
             value,
             expected,
-        }
+        }))
     };
     let mut config = DeploymentConfig::default();
     let lookup = |k: &str| origin_of(k).map(|(_, v, _)| v.clone());
@@ -284,22 +284,15 @@ mod tests {
             Some("\n\nMAX_TOKENS=18446744073709551615\n"),
         );
         let e = import_recipe(d.path(), Path::new("/home/u")).unwrap_err();
-        let ConfigError::Recipe {
-            file,
-            line,
-            var,
-            field,
-            ..
-        } = &e
-        else {
+        let ConfigError::Recipe(p) = &e else {
             panic!("{e}")
         };
         assert_eq!(
             (
-                file.ends_with("scripts/local.sh"),
-                *line,
-                var.as_str(),
-                field.as_str()
+                p.file.ends_with("scripts/local.sh"),
+                p.line,
+                p.var.as_str(),
+                p.field.as_str()
             ),
             (true, 3, "MAX_TOKENS", "serving.max_tokens")
         );
