@@ -852,3 +852,50 @@ fn config_files_that_are_not_regular_files_are_refused_without_blocking() {
     );
     check(&cases, 24);
 }
+
+/// A closed pipe (`plan | head -0`) or a full disk (`plan > /dev/full`) ends the command with
+/// exit 5 and a remedy, never the panic of `println!`.
+#[test]
+fn a_closed_or_full_stdout_ends_with_exit_5_not_a_panic() {
+    let d = tempfile::tempdir().unwrap();
+    let mut n = 0;
+    for args in [
+        &["plan"][..],
+        &["plan", "--json"],
+        &["config", "check"],
+        &["config", "check", "--json"],
+        &["init", "--stdout"],
+    ] {
+        for sink in ["closed pipe", "/dev/full"] {
+            let stdout = if sink == "/dev/full" {
+                Stdio::from(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap())
+            } else {
+                let (reader, writer) = std::io::pipe().unwrap();
+                drop(reader);
+                Stdio::from(writer)
+            };
+            let o = Command::new(env!("CARGO_BIN_EXE_spark-deploy"))
+                .current_dir(d.path())
+                .env_clear()
+                .env("HOME", d.path())
+                .env("PATH", "/usr/bin:/bin")
+                .env("WORKER", "ops@spark-2")
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(stdout)
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(5), "{args:?} > {sink}: {err}");
+            assert!(
+                err.contains("cannot write the output to stdout")
+                    && err.contains("remedy")
+                    && !err.contains("panicked"),
+                "{args:?} > {sink}: {err}"
+            );
+            n += 1;
+        }
+    }
+    assert_eq!(n, 10);
+}
