@@ -868,7 +868,12 @@ fn a_closed_or_full_stdout_ends_with_exit_5_not_a_panic() {
     ] {
         for sink in ["closed pipe", "/dev/full"] {
             let stdout = if sink == "/dev/full" {
-                Stdio::from(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap())
+                Stdio::from(
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open("/dev/full")
+                        .unwrap(),
+                )
             } else {
                 let (reader, writer) = std::io::pipe().unwrap();
                 drop(reader);

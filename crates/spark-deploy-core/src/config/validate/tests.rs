@@ -317,3 +317,32 @@ fn endpoint_nfs_server_repo_ids_and_repo_files_are_checked() {
         "model.engram_files[0]"
     );
 }
+
+#[test]
+fn engine_repo_and_patches_are_never_read_as_git_options() {
+    for bad in [
+        "--upload-pack=touch /tmp/x:y",
+        "-oProxyCommand=x:y",
+        "ext::sh -c touch% /tmp/x",
+        "fd::17",
+        "https://host/a b",
+        "git@host:repo\n",
+    ] {
+        assert_eq!(
+            refused_field(|c| c.engine.repo = bad.into()),
+            "engine.repo",
+            "{bad}"
+        );
+    }
+    for ok in [
+        "https://github.com/o/r.git",
+        "git@host:o/r.git",
+        "/srv/git/engine",
+    ] {
+        assert!(check(|c| c.engine.repo = ok.into()).is_ok(), "{ok}");
+    }
+    assert_eq!(
+        refused_field(|c| c.engine.patches = vec!["--exec=x".into()]),
+        "engine.patches[0]"
+    );
+}
