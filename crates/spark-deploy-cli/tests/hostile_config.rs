@@ -422,11 +422,22 @@ fn toml_documents() -> Vec<(String, String, String)> {
         "",
     );
     add("engine", "runtime", &s(&["", "nvidia runc", "a;b"]), "");
-    add("engine", "repo", &s(&["relative/path", "/a\0b"]), "");
+    add(
+        "engine",
+        "repo",
+        &s(&[
+            "relative/path",
+            "/a\0b",
+            "--upload-pack=touch /tmp/sd-hostile-pwned:x",
+            "ext::sh -c touch% /tmp/sd-hostile-pwned",
+            "https://host/a b",
+        ]),
+        "",
+    );
     add(
         "engine",
         "patches",
-        &raw(&["[\"\"]", "[\"/p\\u0000\"]"]),
+        &raw(&["[\"\"]", "[\"/p\\u0000\"]", "[\"--exec=x\"]"]),
         "",
     );
     // [deployment]
