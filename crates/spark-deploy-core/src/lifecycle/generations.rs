@@ -219,7 +219,7 @@ pub fn path(state_dir: &Path) -> PathBuf {
 /// [`GenerationsError`] when the file exists but cannot be read or parsed.
 pub fn read(state_dir: &Path) -> Result<History, GenerationsError> {
     let path = path(state_dir);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match crate::safe_fs::read_capped(&path, crate::safe_fs::JSON_CAP) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(History::default()),
         Err(source) => return Err(GenerationsError::Io { path, source }),

@@ -97,7 +97,7 @@ pub fn path(state_dir: &Path) -> PathBuf {
 /// [`LaunchRecordError`] when the file exists but cannot be read or parsed.
 pub fn read(state_dir: &Path) -> Result<Option<LaunchRecord>, LaunchRecordError> {
     let path = path(state_dir);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match crate::safe_fs::read_capped(&path, crate::safe_fs::JSON_CAP) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(LaunchRecordError::Io { path, source }),

@@ -57,7 +57,8 @@ pub struct BuildRecord {
 
 /// The cached build of `key`, when its record is readable and every binary still has its sha256.
 pub(super) fn cached(entry: &Path, key: &str) -> Option<BuildRecord> {
-    let text = std::fs::read(entry.join("build.json")).ok()?;
+    let text =
+        crate::safe_fs::read_capped(&entry.join("build.json"), crate::safe_fs::JSON_CAP).ok()?;
     let record: BuildRecord = serde_json::from_slice(&text).ok()?;
     let intact = record.key == key
         && record.binaries.iter().all(|(name, sha)| {
