@@ -915,3 +915,50 @@ fn a_closed_or_full_stdout_ends_with_exit_5_not_a_panic() {
     }
     assert_eq!(n, 10);
 }
+
+/// A FIFO where the token file or the API key file is expected never blocks: `config check`
+/// reports the token as absent, `api-key` refuses the file (exit 3, naming it).
+#[test]
+fn a_fifo_as_the_token_or_the_key_file_never_blocks() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("fifo");
+    mkfifo(&fifo);
+    let cfg = d.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[deployment]\nstate_dir = {}\n[serving]\napi_key_file = {}\n",
+            q(&d.path().display().to_string()),
+            q(&fifo.display().to_string())
+        ),
+    )
+    .unwrap();
+    for (args, code, needle) in [(&["config", "check"][..], 0, ""), (&["api-key"], 3, "FIFO")] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spark-deploy"))
+            .current_dir(d.path())
+            .env_clear()
+            .env("HOME", d.path())
+            .env("PATH", "/usr/bin:/bin")
+            .env("HF_TOKEN_PATH", &fifo)
+            .arg("-c")
+            .arg(&cfg)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                panic!("{args:?} blocked on a FIFO");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(needle) && !err.contains("panicked"), "{err}");
+    }
+}

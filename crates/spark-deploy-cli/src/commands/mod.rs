@@ -69,6 +69,12 @@ pub(crate) fn api_key(global: &Global) -> Result<(), Failure> {
     let config = global.load()?;
     let key = api_key::current(&config.config().serving).map_err(|e| {
         let (code, remedy) = match &e {
+            // Not a regular file: the refusal carries its remedy.
+            ApiKeyError::Io { source, .. }
+                if spark_deploy_core::safe_fs::refusal(source).is_some() =>
+            {
+                (crate::exit::CONFIG, None)
+            }
             ApiKeyError::Io { .. } => (
                 crate::exit::RUNTIME,
                 Some("run `spark-deploy up` first: it generates the key".into()),
