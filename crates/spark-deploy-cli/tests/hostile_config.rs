@@ -746,6 +746,18 @@ fn hostile_recipes_are_blamed_on_their_file_and_line_and_write_nothing() {
             &[&shown],
         ));
     }
+    // A NUL byte in a recipe value (a file can hold one, the environment cannot).
+    for (body, shown) in [
+        ("WORKER=ops@spark\0-2\n", ".env:1"),
+        ("# x\nHF_HOME=/data/hf\0x\n", ".env:2"),
+        ("\n\n\nMODEL_REVISION=main\0\n", ".env:4"),
+    ] {
+        cases.push(recipe_case(
+            format!("NUL in {body:?}"),
+            vec![(".env".into(), Entry::Text(body.into()))],
+            &[shown],
+        ));
+    }
     // local.sh overrides .env: the winning line is blamed.
     cases.push(recipe_case(
         "local.sh wins and is blamed".into(),
