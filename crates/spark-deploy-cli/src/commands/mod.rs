@@ -59,6 +59,8 @@ impl Global {
             raw.model.revision.clone_from(rev);
         }
         let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+        // Log lines are scrubbed of the config's secrets as events are.
+        crate::logging::redact(raw.secrets());
         Ok(cfg::validate(raw, &home)?)
     }
 }
