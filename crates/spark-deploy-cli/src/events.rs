@@ -81,10 +81,7 @@ impl TerminalSink {
                 let _ = m.println(text);
             }
             None => {
-                #[allow(clippy::print_stderr)]
-                {
-                    eprintln!("{text}");
-                }
+                crate::render::note(text);
             }
         }
     }
@@ -182,10 +179,7 @@ fn failure_text<'a>(source: &Source, error: &'a str) -> &'a str {
 impl EventSink for TerminalSink {
     fn emit(&self, event: Event) {
         if self.json {
-            #[allow(clippy::print_stdout)]
-            {
-                println!("{}", event.to_json_line());
-            }
+            crate::render::line(&event.to_json_line());
             return;
         }
         let updates = Update::of(&event);

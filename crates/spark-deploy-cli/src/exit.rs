@@ -33,7 +33,11 @@ impl Failure {
         let mut message = error.to_string();
         let mut source = error.source();
         while let Some(s) = source {
-            message.push_str(&format!("\n  caused by: {s}"));
+            // A cause the message already spells out (`{source}` in its format) is not repeated.
+            let text = s.to_string();
+            if !message.contains(&text) {
+                message.push_str(&format!("\n  caused by: {text}"));
+            }
             source = s.source();
         }
         Self {

@@ -237,6 +237,8 @@ fn main() -> ExitCode {
         #[cfg(feature = "testbed")]
         Command::Testbed(cmd) => commands::testbed::run(&global, &cmd),
     };
+    // Output that could not be written fails a command that otherwise succeeded.
+    let result = result.and_then(|()| render::stdout_failure().map_or(Ok(()), Err));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {

@@ -132,13 +132,7 @@ impl Context {
     pub fn new(config: ValidatedConfig, sink: Arc<dyn EventSink>) -> Self {
         let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
         let c = config.config();
-        let secrets = c
-            .hub
-            .token
-            .iter()
-            .chain(c.serving.api_key.iter())
-            .cloned()
-            .collect::<Vec<_>>();
+        let secrets = c.secrets();
         let sink: Arc<dyn EventSink> = Arc::new(RedactingSink::new(ArcSink(sink), secrets));
         let nodes = c
             .nodes

@@ -2,7 +2,6 @@
 //! as lowercase hex. Every file the deployment hashes (Hub downloads, kit entries, files shipped
 //! to the worker) goes through [`stream_file`].
 
-use std::fs::File;
 use std::io::{Read as _, Seek as _, SeekFrom};
 use std::path::Path;
 
@@ -24,7 +23,7 @@ pub fn stream_file(
     to: Option<u64>,
     mut each: impl FnMut(&[u8]),
 ) -> std::io::Result<u64> {
-    let mut f = File::open(path)?;
+    let mut f = crate::safe_fs::open_regular(path)?;
     if from > 0 {
         f.seek(SeekFrom::Start(from))?;
     }

@@ -47,6 +47,23 @@ pub fn repo_folder(repo: &str) -> String {
     format!("models--{}", repo.replace('/', "--"))
 }
 
+/// The address the worker mounts the head's cache from (`addr=` of the NFS options): the
+/// validated `storage.head_nfs_server` (an IP address, written back in its canonical form), else
+/// the head's fabric address (or its placeholder until preflight). Nothing else of the config
+/// reaches the mount options, so they hold exactly one `addr=`.
+#[must_use]
+pub fn nfs_server(
+    config: &ValidatedConfig,
+    head_fabric: &crate::facts::Detected<std::net::Ipv4Addr>,
+) -> String {
+    config
+        .config()
+        .storage
+        .head_nfs_server
+        .parse::<std::net::IpAddr>()
+        .map_or_else(|_| head_fabric.to_string(), |ip| ip.to_string())
+}
+
 impl NodeLayout {
     /// The layout of `node` under `config`.
     #[must_use]
@@ -108,4 +125,28 @@ pub fn snapshot_dir(cache_root: &str, repo: &str, commit: &str) -> PathBuf {
         .join(repo_folder(repo))
         .join("snapshots")
         .join(commit)
+}
+
+#[cfg(test)]
+mod nfs_tests {
+    use std::net::Ipv4Addr;
+    use std::path::Path;
+
+    use super::nfs_server;
+    use crate::config::{DeploymentConfig, validate};
+    use crate::facts::Detected;
+
+    #[test]
+    fn the_nfs_server_is_a_validated_address_or_the_head_fabric() {
+        let fabric = Detected::Known(Ipv4Addr::new(198, 18, 0, 1));
+        let v = validate(DeploymentConfig::default(), Path::new("/home/u")).unwrap();
+        assert_eq!(nfs_server(&v, &fabric), "198.18.0.1");
+        let mut c = DeploymentConfig::default();
+        c.storage.head_nfs_server = "198.18.0.9".into();
+        let v = validate(c, Path::new("/home/u")).unwrap();
+        assert_eq!(nfs_server(&v, &fabric), "198.18.0.9");
+        let mut c = DeploymentConfig::default();
+        c.storage.head_nfs_server = "198.18.0.9,nolock".into();
+        assert!(validate(c, Path::new("/home/u")).is_err());
+    }
 }

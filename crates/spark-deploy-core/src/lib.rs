@@ -13,7 +13,8 @@
 //! Bottom to top; a module uses only its own layer and the ones below (checked by
 //! `scripts/check-layers`, which CI runs):
 //!
-//! 0. [`secret`], [`container`], [`event`], [`causes`] — vocabulary every layer may use.
+//! 0. [`secret`], [`container`], [`event`], [`causes`] — vocabulary every layer may use;
+//!    [`safe_fs`] — input files opened and temporaries created safely.
 //! 1. [`ports`] (Exec, Docker), [`hub`], [`config`], [`transfer`], the shared [`digest`],
 //!    [`backoff`], [`commit`] and [`safetensors_header`] helpers, the engine's data
 //!    (`engine::limits`, `engine::tensorfold::inputs`, `engine::image_context`) and local state
@@ -62,6 +63,7 @@ pub mod ports;
 pub mod preflight;
 pub mod raster;
 pub mod run;
+pub mod safe_fs;
 pub mod safetensors_header;
 pub mod secret;
 pub mod service;

@@ -7,7 +7,6 @@
 //! byte length equal to its shape times its dtype size) under one size limit, [`MAX_HEADER_LEN`].
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 
@@ -172,7 +171,7 @@ pub fn read(path: &Path) -> Result<(Header, u64), ReadError> {
         path: path.to_path_buf(),
         problem,
     };
-    let file = File::open(path).map_err(io)?;
+    let file = crate::safe_fs::open_regular(path).map_err(io)?;
     let file_len = file.metadata().map_err(io)?.len();
     let mut prefix = [0u8; 8];
     let got = usize::try_from(file_len).map_or(8, |l| l.min(8));

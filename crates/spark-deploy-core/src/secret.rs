@@ -60,6 +60,32 @@ impl Secret {
     }
 }
 
+/// The user-info part of a URL (`user:pass` in `https://user:pass@host/…`), where credentials
+/// sit; `None` when the URL has none.
+fn userinfo(url: &str) -> Option<(usize, usize)> {
+    let start = url.find("://")? + 3;
+    let rest = &url[start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let at = rest[..authority_end].rfind('@')?;
+    (at > 0).then_some((start, start + at))
+}
+
+/// The credentials embedded in a URL (`user:pass` of `https://user:pass@host/`) as a secret, so
+/// they are redacted wherever the HF token and the API key are.
+#[must_use]
+pub fn url_credentials(url: &str) -> Option<Secret> {
+    userinfo(url).map(|(a, b)| Secret::new(&url[a..b]))
+}
+
+/// `url` with its embedded credentials shown as [`REDACTED`] (`https://***@host/`).
+#[must_use]
+pub fn redact_url(url: &str) -> String {
+    match userinfo(url) {
+        Some((a, b)) => format!("{}{REDACTED}{}", &url[..a], &url[b..]),
+        None => url.to_owned(),
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(REDACTED)
@@ -94,5 +120,16 @@ mod tests {
             b"\xff ****** hf_super"
         );
         assert_eq!(Secret::new("").redact_bytes(b"abc"), b"abc");
+    }
+
+    #[test]
+    fn url_credentials_are_found_and_redacted() {
+        let u = "https://alice:s3cr%40t@hub.example:8443/api?x=a@b";
+        assert_eq!(url_credentials(u).unwrap().expose(), "alice:s3cr%40t");
+        assert_eq!(redact_url(u), "https://***@hub.example:8443/api?x=a@b");
+        assert_eq!(redact_url("http://hub.local/a@b"), "http://hub.local/a@b");
+        assert!(url_credentials("http://hub.local/a@b").is_none());
+        assert!(url_credentials("not a url @ all").is_none());
+        assert_eq!(redact_url("http://tok@h"), "http://***@h");
     }
 }

@@ -51,6 +51,52 @@ fn build(model: &Path, out: &Path, rank: usize, o: &RankCacheOptions) -> PathBuf
     build_rank_cache(&plan, out, o, &mut no_progress()).unwrap()
 }
 
+/// A symlink planted at the partial's name (by anyone who may write into OUT_DIR) is replaced,
+/// never written through; a FIFO or a directory given as a shard is refused without blocking.
+#[test]
+fn a_planted_partial_symlink_is_not_followed_and_a_fifo_shard_is_refused() {
+    let out = tempfile::tempdir().unwrap();
+    let victim = out.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, out.path().join(".rank0of2.partial")).unwrap();
+    let file = build(small(), out.path(), 0, &opts());
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    assert!(file.exists() && !out.path().join(".rank0of2.partial").exists());
+
+    for kind in ["fifo", "dir"] {
+        let model = tempfile::tempdir().unwrap();
+        let mut shard = None;
+        for e in std::fs::read_dir(small()).unwrap() {
+            let p = e.unwrap().path();
+            let to = model.path().join(p.file_name().unwrap());
+            let is_shard = p.extension().is_some_and(|x| x == "safetensors");
+            if is_shard && shard.is_none() {
+                shard = Some(to);
+            } else if p.is_file() {
+                std::fs::copy(&p, &to).unwrap();
+            }
+        }
+        let shard = shard.unwrap();
+        if kind == "fifo" {
+            let st = std::process::Command::new("mkfifo")
+                .arg(&shard)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        } else {
+            std::fs::create_dir(&shard).unwrap();
+        }
+        let t = std::time::Instant::now();
+        let e = plan_rank_cache(model.path(), 0, 2, &opts()).unwrap_err();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "no blocking"
+        );
+        let want = if kind == "fifo" { "FIFO" } else { "directory" };
+        assert!(e.to_string().contains(want), "{kind}: {e}");
+    }
+}
+
 // ---- an independent TFDSRK01 reader -------------------------------------------------------------
 
 #[derive(Debug)]

@@ -94,7 +94,7 @@ fn hub_settings(config: &ValidatedConfig) -> HubSettings {
             .to_string(),
         token_file: h.token_file.clone(),
         token: HfToken::configured(h).1,
-        endpoint: h.endpoint.clone(),
+        endpoint: spark_deploy_core::secret::redact_url(&h.endpoint),
         offline: h.offline,
     }
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use spark_deploy_core::config::{ConfigError, recipe::import_recipe, template::TEMPLATE};
+use spark_deploy_core::safe_fs;
 
 use super::{DEFAULT_FILE, Global};
 use crate::exit::{CONFIG, Failure};
@@ -29,7 +30,8 @@ pub(crate) fn run(_global: &Global, args: &InitArgs) -> Result<(), Failure> {
     let (text, notes) = match &args.from_recipe {
         None => (TEMPLATE.to_owned(), Vec::new()),
         Some(dir) => {
-            let import = import_recipe(dir)?;
+            let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+            let import = import_recipe(dir, &home)?;
             let mut notes: Vec<String> = import
                 .imported
                 .iter()
@@ -69,7 +71,12 @@ pub(crate) fn run(_global: &Global, args: &InitArgs) -> Result<(), Failure> {
             Some("pass --force to overwrite, or choose another file".into()),
         ));
     }
-    std::fs::write(&args.file, text).map_err(|source| {
+    let name = args.file.file_name().map_or_else(
+        || "spark-deploy.toml".into(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let tmp = args.file.with_file_name(format!(".{name}.partial"));
+    safe_fs::write_atomic(&tmp, &args.file, text.as_bytes(), 0o644).map_err(|source| {
         Failure::from(ConfigError::Write {
             path: args.file.clone(),
             source,

@@ -59,6 +59,8 @@ impl Global {
             raw.model.revision.clone_from(rev);
         }
         let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
+        // Log lines are scrubbed of the config's secrets as events are.
+        crate::logging::redact(raw.secrets());
         Ok(cfg::validate(raw, &home)?)
     }
 }
@@ -69,6 +71,12 @@ pub(crate) fn api_key(global: &Global) -> Result<(), Failure> {
     let config = global.load()?;
     let key = api_key::current(&config.config().serving).map_err(|e| {
         let (code, remedy) = match &e {
+            // Not a regular file: the refusal carries its remedy.
+            ApiKeyError::Io { source, .. }
+                if spark_deploy_core::safe_fs::refusal(source).is_some() =>
+            {
+                (crate::exit::CONFIG, None)
+            }
             ApiKeyError::Io { .. } => (
                 crate::exit::RUNTIME,
                 Some("run `spark-deploy up` first: it generates the key".into()),

@@ -97,12 +97,12 @@ fn reporter()
                 RankCachePhase::Write => "written",
                 RankCachePhase::Verify => "verified",
             };
-            eprintln!(
+            crate::render::note(&format!(
                 "rank {}: {:.1} / {:.1} GiB {what}",
                 p.rank,
                 p.bytes_done as f64 / f64::from(1u32 << 30),
                 p.bytes_total as f64 / f64::from(1u32 << 30)
-            );
+            ));
         }
         Ok(())
     }
@@ -125,7 +125,7 @@ pub(crate) fn run(args: RankCacheArgs, json: bool) -> Result<(), Box<dyn std::er
             }
             let plan = plan_rank_cache(&target.model_dir, target.rank, target.world, &opts)?;
             let file = build_rank_cache(&plan, &target.out_dir, &opts, &mut reporter())?;
-            println!("{}", plan.summary_json(&file));
+            crate::render::out(&plan.summary_json(&file));
         }
         RankCacheCommand::Verify { target, bytes } => {
             let opts = target.options();
@@ -144,15 +144,15 @@ pub(crate) fn run(args: RankCacheArgs, json: bool) -> Result<(), Box<dyn std::er
                     "data_bytes": plan.data_bytes,
                     "every_byte_compared": bytes,
                 });
-                println!("{v}");
+                crate::render::out(&v.to_string());
             } else {
-                println!(
+                crate::render::out(&format!(
                     "{}: OK ({} entries, {} data bytes{})",
                     file.display(),
                     plan.entries.len(),
                     plan.data_bytes,
                     if bytes { ", every byte compared" } else { "" }
-                );
+                ));
             }
         }
         RankCacheCommand::IndexOnly { target } => {
@@ -164,13 +164,12 @@ pub(crate) fn run(args: RankCacheArgs, json: bool) -> Result<(), Box<dyn std::er
             )?;
             if json {
                 let index: serde_json::Value = serde_json::from_str(&plan.index_json)?;
-                println!(
-                    "{}",
-                    serde_json::json!({ "index": index, "file_name": plan.file_name })
+                crate::render::out(
+                    &serde_json::json!({ "index": index, "file_name": plan.file_name }).to_string(),
                 );
             } else {
-                println!("{}", plan.index_json);
-                println!("{}", plan.file_name);
+                crate::render::out(&plan.index_json);
+                crate::render::out(&plan.file_name);
             }
         }
     }

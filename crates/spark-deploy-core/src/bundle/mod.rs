@@ -100,17 +100,11 @@ pub fn default_path(state_dir: &Path, name: &str, at: SystemTime) -> PathBuf {
     ))
 }
 
-/// Every secret the deployment knows: the configured HF token and API key, the token file's
-/// token and the key file's key.
+/// Every secret the deployment knows: the configured HF token and API key, credentials in the
+/// hub endpoint, the token file's token and the key file's key.
 fn secrets(ctx: &Context) -> Vec<Secret> {
     let c = ctx.config().config();
-    let mut out: Vec<Secret> = c
-        .hub
-        .token
-        .iter()
-        .chain(c.serving.api_key.iter())
-        .cloned()
-        .collect();
+    let mut out: Vec<Secret> = c.secrets();
     if let Some(t) = crate::hub::HfToken::from_file(Path::new(&c.hub.token_file)) {
         out.push(Secret::new(t.expose()));
     }
@@ -498,7 +492,7 @@ fn write_archive(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let result = (|| {
-        let file = std::fs::File::create(&partial)?;
+        let file = crate::safe_fs::create_exclusive(&partial, 0o644)?;
         let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
         let mut tar = tar::Builder::new(gz);
         for (name, bytes) in members {

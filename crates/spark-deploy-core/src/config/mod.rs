@@ -53,6 +53,23 @@ pub enum ConfigError {
         /// What would be accepted.
         expected: String,
     },
+    /// A value imported from a bash recipe is out of form or refused by validation.
+    #[error("{}:{}: {}={:?} (sets {}): expected {}", .0.file.display(), .0.line, .0.var, .0.value, .0.field, .0.expected)]
+    Recipe(Box<RecipeProblem>),
+    /// A recipe file is present but cannot be read (or is a FIFO, a device, a directory).
+    #[error("cannot read recipe file {}: {error}", path.display())]
+    RecipeRead {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error or the refusal.
+        error: std::io::Error,
+    },
+    /// `init --from-recipe` was given a directory holding no recipe.
+    #[error("{} holds no bash recipe: neither .env nor scripts/local.sh is there", dir.display())]
+    NoRecipe {
+        /// The directory given.
+        dir: PathBuf,
+    },
     /// One or more fields hold values the deployment or the engine would refuse.
     #[error("invalid configuration:\n{}", problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
     Invalid {
@@ -69,6 +86,23 @@ pub enum ConfigError {
     },
 }
 
+/// Where a refused recipe value is and what it set ([`ConfigError::Recipe`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecipeProblem {
+    /// The recipe file.
+    pub file: PathBuf,
+    /// The 1-based line of the assignment.
+    pub line: usize,
+    /// The variable.
+    pub var: String,
+    /// The field it sets.
+    pub field: String,
+    /// The value (`***` for secrets).
+    pub value: String,
+    /// What would be accepted.
+    pub expected: String,
+}
+
 impl ConfigError {
     /// What the user can do about it.
     #[must_use]
@@ -78,8 +112,30 @@ impl ConfigError {
                 "fix the named fields (allowed ranges shown), then run `spark-deploy config check`"
                     .into(),
             ),
-            Self::Read { .. } => Some("create one with `spark-deploy init`".into()),
+            Self::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                Some("create one with `spark-deploy init`".into())
+            }
+            // A refusal of `safe_fs` carries its own remedy.
+            Self::Read { source, .. } if crate::safe_fs::refusal(source).is_some() => None,
+            Self::Read { .. } => Some(
+                "point --config (SPARK_DEPLOY_CONFIG) at a readable regular file of at most 1 MiB"
+                    .into(),
+            ),
+            Self::RecipeRead { .. } => Some(
+                "make it a readable regular file of at most 1 MiB, or remove it from the recipe"
+                    .into(),
+            ),
             Self::Env { var, .. } => Some(format!("fix or unset {var} in the environment")),
+            Self::Recipe(p) => Some(format!(
+                "fix or remove {} at {}:{}, then run `spark-deploy init --from-recipe` again",
+                p.var,
+                p.file.display(),
+                p.line
+            )),
+            Self::NoRecipe { .. } => Some(
+                "give the recipe's top directory (the one holding .env and scripts/local.sh)"
+                    .into(),
+            ),
             Self::Parse { .. } | Self::Write { .. } => None,
         }
     }
@@ -89,6 +145,7 @@ impl ConfigError {
     pub fn field(&self) -> Option<String> {
         match self {
             Self::Env { field, .. } => Some((*field).to_owned()),
+            Self::Recipe(p) => Some(p.field.clone()),
             Self::Invalid { problems } => problems.first().map(|p| p.field.clone()),
             Self::Parse { message, .. } => message.lines().find_map(|l| {
                 l.split_once("unknown field `")
@@ -143,10 +200,12 @@ pub fn load_explained(
 ) -> Result<(DeploymentConfig, Vec<env::AppliedOverride>), ConfigError> {
     let mut config = match path {
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
-                path: p.to_owned(),
-                source,
-            })?;
+            let text = crate::safe_fs::read_to_string_capped(p, crate::safe_fs::TEXT_CAP).map_err(
+                |source| ConfigError::Read {
+                    path: p.to_owned(),
+                    source,
+                },
+            )?;
             parse(&text, p)?
         }
         None => DeploymentConfig::default(),

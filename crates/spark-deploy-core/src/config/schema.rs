@@ -53,6 +53,21 @@ pub struct DeploymentConfig {
     pub nodes: Vec<NodeConfig>,
 }
 
+impl DeploymentConfig {
+    /// Every secret the configuration holds: the HF token, the API key and credentials embedded
+    /// in `hub.endpoint` (`https://user:pass@host`); what event sinks, logs and bundles redact.
+    #[must_use]
+    pub fn secrets(&self) -> Vec<Secret> {
+        self.hub
+            .token
+            .iter()
+            .chain(self.serving.api_key.iter())
+            .cloned()
+            .chain(crate::secret::url_credentials(&self.hub.endpoint))
+            .collect()
+    }
+}
+
 impl Default for DeploymentConfig {
     fn default() -> Self {
         Self {

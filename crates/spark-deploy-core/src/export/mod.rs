@@ -158,7 +158,7 @@ pub fn write_file(path: &std::path::Path, text: &str) -> Result<(), ExportError>
         .file_name()
         .map_or_else(|| "export".into(), |n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(".{name}.partial"));
-    std::fs::write(&tmp, text).map_err(io)?;
+    crate::safe_fs::write_exclusive(&tmp, text).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
 }
 

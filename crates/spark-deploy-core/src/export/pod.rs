@@ -103,11 +103,7 @@ impl PodInputs<'_> {
     /// Docker volume of `nfs` mode uses).
     fn nfs_source(&self) -> NFSVolumeSource {
         let c = self.config.config();
-        let server = if c.storage.head_nfs_server.is_empty() {
-            self.facts.nodes[0].fabric_addr.to_string()
-        } else {
-            c.storage.head_nfs_server.clone()
-        };
+        let server = crate::layout::nfs_server(self.config, &self.facts.nodes[0].fabric_addr);
         let path = if c.storage.nfs_path.is_empty() {
             NodeLayout::of(self.config, &c.nodes[0]).hf_cache
         } else {

@@ -124,7 +124,8 @@ impl HfCache {
     /// [`CacheError::Io`] if the ref exists but cannot be read.
     pub fn read_ref(&self, repo: &str, branch: &str) -> Result<Option<String>, CacheError> {
         let p = self.ref_path(repo, branch);
-        match std::fs::read_to_string(&p) {
+        refuse_bad_ref(&p, branch)?;
+        match crate::safe_fs::read_to_string_capped(&p, 4096) {
             Ok(s) => Ok(Some(s.trim().to_owned())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io(&p)(e)),
@@ -137,11 +138,12 @@ impl HfCache {
     /// [`CacheError::Io`] on a file-system failure.
     pub fn write_ref(&self, repo: &str, branch: &str, commit: &str) -> Result<(), CacheError> {
         let p = self.ref_path(repo, branch);
+        refuse_bad_ref(&p, branch)?;
         if let Some(parent) = p.parent() {
             std::fs::create_dir_all(parent).map_err(io(parent))?;
         }
         let tmp = p.with_extension("sd-tmp");
-        std::fs::write(&tmp, commit).map_err(io(&tmp))?;
+        crate::safe_fs::write_exclusive(&tmp, commit).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &p).map_err(io(&p))
     }
 
@@ -225,9 +227,38 @@ pub(crate) fn check_rel(repo: &str, file: &str) -> Result<(), CacheError> {
     }
 }
 
+/// A branch name that could leave `refs/` (`..`, a leading `/`) is never joined into a path that
+/// is read or written (the config refuses it first; this holds for every other caller).
+fn refuse_bad_ref(p: &Path, branch: &str) -> Result<(), CacheError> {
+    crate::commit::check_ref_name(branch).map_err(|why| {
+        io(p)(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{branch:?} is not a ref name: it {why}"),
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refs_never_leave_the_cache_nor_write_through_a_planted_symlink() {
+        let d = tempfile::tempdir().unwrap();
+        let c = HfCache::new(d.path().join("hub"));
+        let repo = "org/name";
+        assert!(c.write_ref(repo, "../../../escape", "c0").is_err());
+        assert!(c.read_ref(repo, "/etc/passwd").is_err());
+        assert!(!d.path().join("escape").exists());
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let tmp = c.ref_path(repo, "main").with_extension("sd-tmp");
+        std::fs::create_dir_all(tmp.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        c.write_ref(repo, "main", "c1").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(c.read_ref(repo, "main").unwrap().as_deref(), Some("c1"));
+    }
 
     #[test]
     fn layout_and_links() {

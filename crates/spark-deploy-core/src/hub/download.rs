@@ -145,6 +145,7 @@ impl Hub {
         tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(crate::safe_fs::RESUME_FLAGS)
             .open(incomplete)
             .await
             .map_err(|e| self.io_err(r, file, incomplete, e))?;
@@ -309,6 +310,7 @@ impl Hub {
         let f = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(crate::safe_fs::RESUME_FLAGS)
             .open(incomplete)
             .await
             .map_err(|e| self.io_err(r, file, incomplete, e))?;
@@ -371,7 +373,12 @@ impl Hub {
 }
 
 async fn truncate(path: &Path, len: u64) -> std::io::Result<()> {
-    match tokio::fs::OpenOptions::new().write(true).open(path).await {
+    match tokio::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(crate::safe_fs::RESUME_FLAGS)
+        .open(path)
+        .await
+    {
         Ok(f) => f.set_len(len).await,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),

@@ -61,7 +61,7 @@ pub(crate) fn update_manifest(
     entries: &[ManifestEntry],
 ) {
     let p = manifest_path(cache, repo, commit);
-    let mut all: Vec<ManifestEntry> = std::fs::read(&p)
+    let mut all: Vec<ManifestEntry> = crate::safe_fs::read_capped(&p, crate::safe_fs::JSON_CAP)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
@@ -74,7 +74,7 @@ pub(crate) fn update_manifest(
         && std::fs::create_dir_all(dir).is_ok()
     {
         let tmp = p.with_extension("json.sd-tmp");
-        if std::fs::write(&tmp, json).is_ok() {
+        if crate::safe_fs::write_exclusive(&tmp, json).is_ok() {
             let _ = std::fs::rename(&tmp, &p);
         }
     }
@@ -139,10 +139,13 @@ pub fn verify_snapshot(
             path: snap,
         });
     }
-    let manifest: Vec<ManifestEntry> = std::fs::read(manifest_path(cache, repo, &commit))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    let manifest: Vec<ManifestEntry> = crate::safe_fs::read_capped(
+        &manifest_path(cache, repo, &commit),
+        crate::safe_fs::JSON_CAP,
+    )
+    .ok()
+    .and_then(|b| serde_json::from_slice(&b).ok())
+    .unwrap_or_default();
     // huggingface_hub >= 2 caches the Hub's listing in `trees/<commit>.json`: use its sizes and
     // hashes for files our own manifest does not cover (a cache written by the Python client).
     let python_tree = read_python_tree(&cache.repo_dir(repo), &commit);
@@ -208,13 +211,16 @@ pub fn verify_snapshot(
 
 /// The paths our manifest of `repo@commit` records.
 pub(crate) fn manifest_paths(cache: &HfCache, repo: &str, commit: &str) -> Vec<String> {
-    std::fs::read(manifest_path(cache, repo, commit))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Vec<ManifestEntry>>(&b).ok())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| m.path)
-        .collect()
+    crate::safe_fs::read_capped(
+        &manifest_path(cache, repo, commit),
+        crate::safe_fs::JSON_CAP,
+    )
+    .ok()
+    .and_then(|b| serde_json::from_slice::<Vec<ManifestEntry>>(&b).ok())
+    .unwrap_or_default()
+    .into_iter()
+    .map(|m| m.path)
+    .collect()
 }
 
 /// The paths `huggingface_hub`'s cached listing of `repo@commit` names.
@@ -248,12 +254,15 @@ fn read_python_tree(
     repo_dir: &Path,
     commit: &str,
 ) -> std::collections::BTreeMap<String, PyTreeEntry> {
-    std::fs::read(repo_dir.join("trees").join(format!("{commit}.json")))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<PyTree>(&b).ok())
-        .filter(|t| t.format_version == 1)
-        .map(|t| t.files)
-        .unwrap_or_default()
+    crate::safe_fs::read_capped(
+        &repo_dir.join("trees").join(format!("{commit}.json")),
+        crate::safe_fs::JSON_CAP,
+    )
+    .ok()
+    .and_then(|b| serde_json::from_slice::<PyTree>(&b).ok())
+    .filter(|t| t.format_version == 1)
+    .map(|t| t.files)
+    .unwrap_or_default()
 }
 
 fn list_snapshot(root: &Path, dir: &Path, out: &mut Vec<String>) {

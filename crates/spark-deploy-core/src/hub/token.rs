@@ -48,7 +48,7 @@ impl HfToken {
     /// Read a token file (as written by `hf auth login`). `None` if absent or empty.
     #[must_use]
     pub fn from_file(path: &Path) -> Option<Self> {
-        let s = std::fs::read_to_string(path).ok()?;
+        let s = crate::safe_fs::read_to_string_capped(path, 64 * 1024).ok()?;
         crate::config::hf_env::clean_token(&s).map(Self)
     }
 

@@ -5,8 +5,8 @@
 //! `SPARK_DEPLOY_API_KEY` gives the key: it is written when the file is absent, and a file that
 //! holds a different key is an error (never silently one or the other).
 
-use std::io::{Read as _, Write as _};
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::io::Read as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::config::ApiAuth;
@@ -74,7 +74,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ApiKeyError + '_ {
 ///
 /// [`ApiKeyError`] when unreadable, group/world-accessible or empty.
 pub fn read(path: &Path) -> Result<Secret, ApiKeyError> {
-    let meta = std::fs::metadata(path).map_err(io(path))?;
+    // One open, checked on the descriptor: a FIFO or a device is refused without blocking, and
+    // the mode checked is the mode of the file read.
+    let file = crate::safe_fs::open_regular(path).map_err(io(path))?;
+    let meta = file.metadata().map_err(io(path))?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(ApiKeyError::Permissions {
@@ -82,7 +85,10 @@ pub fn read(path: &Path) -> Result<Secret, ApiKeyError> {
             mode,
         });
     }
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let mut text = String::new();
+    file.take(64 * 1024)
+        .read_to_string(&mut text)
+        .map_err(io(path))?;
     text.lines()
         .find_map(|l| {
             l.split_once(':')
@@ -131,17 +137,14 @@ pub fn ensure(path: &Path, given: Option<&Secret>) -> Result<Secret, ApiKeyError
         }
     };
     let tmp = path.with_extension("partial");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    writeln!(f, "{LABEL}: {}", key.expose())
-        .and_then(|()| f.sync_all())
-        .map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))?;
+    // Exclusive, mode 0600 from the start, never through a symlink planted at the partial.
+    crate::safe_fs::write_atomic(
+        &tmp,
+        path,
+        format!("{LABEL}: {}\n", key.expose()).as_bytes(),
+        0o600,
+    )
+    .map_err(io(path))?;
     Ok(key)
 }
 
@@ -213,6 +216,26 @@ mod tests {
         assert_eq!(ensure(&p, None).unwrap(), k, "the same key on every up");
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(matches!(read(&p), Err(ApiKeyError::Permissions { .. })));
+    }
+
+    #[test]
+    fn a_planted_partial_symlink_and_a_fifo_key_file_are_harmless() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("api-key");
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, d.path().join("api-key.partial")).unwrap();
+        let k = ensure(&p, None).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(read(&p).unwrap(), k);
+        let fifo = d.path().join("fifo-key");
+        let st = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let e = read(&fifo).unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
     }
 
     #[test]

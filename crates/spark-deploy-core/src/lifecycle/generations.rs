@@ -219,7 +219,7 @@ pub fn path(state_dir: &Path) -> PathBuf {
 /// [`GenerationsError`] when the file exists but cannot be read or parsed.
 pub fn read(state_dir: &Path) -> Result<History, GenerationsError> {
     let path = path(state_dir);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match crate::safe_fs::read_capped(&path, crate::safe_fs::JSON_CAP) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(History::default()),
         Err(source) => return Err(GenerationsError::Io { path, source }),
@@ -241,7 +241,7 @@ pub fn write(state_dir: &Path, history: &History) -> Result<(), GenerationsError
     std::fs::create_dir_all(state_dir).map_err(io)?;
     let tmp = state_dir.join(format!(".{FILE}.partial"));
     let bytes = serde_json::to_vec_pretty(history).unwrap_or_default();
-    std::fs::write(&tmp, bytes).map_err(io)?;
+    crate::safe_fs::write_exclusive(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)
 }
 

@@ -97,7 +97,7 @@ pub fn path(state_dir: &Path) -> PathBuf {
 /// [`LaunchRecordError`] when the file exists but cannot be read or parsed.
 pub fn read(state_dir: &Path) -> Result<Option<LaunchRecord>, LaunchRecordError> {
     let path = path(state_dir);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match crate::safe_fs::read_capped(&path, crate::safe_fs::JSON_CAP) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(LaunchRecordError::Io { path, source }),
@@ -121,7 +121,7 @@ pub fn write(state_dir: &Path, record: &LaunchRecord) -> Result<(), LaunchRecord
     std::fs::create_dir_all(state_dir).map_err(io)?;
     let tmp = state_dir.join(format!(".{FILE}.partial"));
     let bytes = serde_json::to_vec_pretty(record).unwrap_or_default();
-    std::fs::write(&tmp, bytes).map_err(io)?;
+    crate::safe_fs::write_exclusive(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)
 }
 

@@ -67,7 +67,7 @@ impl EventLog {
             source,
         };
         std::fs::create_dir_all(state_dir).map_err(io)?;
-        let file = std::fs::File::create(&partial).map_err(io)?;
+        let file = crate::safe_fs::create_exclusive(&partial, 0o644).map_err(io)?;
         Ok(Self {
             partial: partial.clone(),
             path,
@@ -139,7 +139,7 @@ pub fn write_json(state_dir: &Path, file: &str, value: &impl Serialize) -> Resul
     };
     std::fs::create_dir_all(state_dir).map_err(io)?;
     let tmp = state_dir.join(format!(".{file}.partial"));
-    std::fs::write(&tmp, json).map_err(io)?;
+    crate::safe_fs::write_exclusive(&tmp, json).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)
 }
 

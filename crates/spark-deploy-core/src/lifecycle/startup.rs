@@ -62,7 +62,7 @@ pub fn write(state_dir: &Path, t: &StartupTimings) -> Result<(), StartupError> {
         path: path.clone(),
         source: e,
     })?;
-    std::fs::write(&tmp, json).map_err(io)?;
+    crate::safe_fs::write_exclusive(&tmp, json).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)
 }
 
@@ -73,7 +73,7 @@ pub fn write(state_dir: &Path, t: &StartupTimings) -> Result<(), StartupError> {
 /// [`StartupError`] when the file exists but cannot be read or parsed.
 pub fn read(state_dir: &Path) -> Result<Option<StartupTimings>, StartupError> {
     let path = state_dir.join(FILE);
-    match std::fs::read(&path) {
+    match crate::safe_fs::read_capped(&path, crate::safe_fs::JSON_CAP) {
         Ok(b) => serde_json::from_slice(&b)
             .map(Some)
             .map_err(|source| StartupError::Parse { path, source }),

@@ -127,7 +127,7 @@ impl WatchFiles {
         };
         std::fs::create_dir_all(&self.root).map_err(io)?;
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text).map_err(io)?;
+        crate::safe_fs::write_exclusive(&tmp, text).map_err(io)?;
         std::fs::rename(&tmp, path).map_err(io)
     }
 

@@ -236,7 +236,7 @@ pub fn write_units(dir: &Path, units: &[Unit]) -> Result<Vec<PathBuf>, ServiceEr
     for u in units {
         let path = dir.join(&u.name);
         let tmp = dir.join(format!(".{}.partial", u.name));
-        std::fs::write(&tmp, &u.text).map_err(io(&tmp))?;
+        crate::safe_fs::write_exclusive(&tmp, &u.text).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
         out.push(path);
     }

@@ -76,7 +76,7 @@ impl ConfigureWorkerStorage {
             .map(|(r, node)| {
                 let transfers = engine.plan_worker_inputs(config, facts, r);
                 let nfs_volume = (c.deployment.worker_storage == WorkerStorage::Nfs).then(|| {
-                    let server = if c.storage.head_nfs_server.is_empty() { facts.nodes[0].fabric_addr.to_string() } else { c.storage.head_nfs_server.clone() };
+                    let server = crate::layout::nfs_server(config, &facts.nodes[0].fabric_addr);
                     let path = if c.storage.nfs_path.is_empty() { head.hf_cache.clone() } else { c.storage.nfs_path.clone() };
                     let options = BTreeMap::from([
                         ("type".to_owned(), "nfs".to_owned()),

@@ -32,7 +32,7 @@ pub async fn save_logs(
     let c = ctx.config().config();
     let write = |path: PathBuf, bytes: &[u8]| {
         std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(&path, bytes))
+            .and_then(|()| crate::safe_fs::write_exclusive(&path, bytes))
             .map(|()| path.clone())
             .map_err(|source| SuperviseError::Write { path, source })
     };

@@ -119,7 +119,7 @@ fn save_cache(path: &Path, cache: &HashMap<String, String>) {
         let _ = std::fs::create_dir_all(dir);
     }
     let tmp = path.with_extension("partial");
-    if std::fs::write(&tmp, text).is_ok() {
+    if crate::safe_fs::write_exclusive(&tmp, text).is_ok() {
         let _ = std::fs::rename(&tmp, path);
     }
 }

@@ -355,6 +355,8 @@ pub fn apply_env(
         }
         let shown = if ov.secret {
             crate::secret::REDACTED.to_owned()
+        } else if ov.field == "hub.endpoint" {
+            crate::secret::redact_url(&value)
         } else {
             value.clone()
         };

@@ -286,3 +286,20 @@ fn bad_value_names_the_variable_and_hides_secrets() {
     );
     assert!(OPAQUE_SWITCHES.iter().all(|s| find(s).is_some()));
 }
+
+#[test]
+fn endpoint_credentials_are_a_secret_of_the_config() {
+    let mut c = DeploymentConfig::default();
+    let applied = apply_env(
+        &mut c,
+        &env(&[("HF_ENDPOINT", "https://bob:pa55word@hub.example/")]),
+    )
+    .unwrap();
+    assert_eq!(c.hub.endpoint, "https://bob:pa55word@hub.example");
+    assert_eq!(applied[0].value, "https://***@hub.example/");
+    let secrets = c.secrets();
+    assert!(secrets.iter().any(|s| s.expose() == "bob:pa55word"));
+    let line = "GET https://bob:pa55word@hub.example/api failed";
+    let redacted = secrets.iter().fold(line.to_owned(), |t, s| s.redact_in(&t));
+    assert_eq!(redacted, "GET https://***@hub.example/api failed");
+}

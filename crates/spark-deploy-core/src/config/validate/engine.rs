@@ -83,15 +83,28 @@ pub(super) fn engine(c: &mut Checker, config: &DeploymentConfig, limits: &Engine
         );
     }
     let repo = &config.engine.repo;
-    if !repo.is_empty() && !crate::config::schema::repo_is_remote(repo) && !repo.starts_with('/') {
+    let remote = crate::config::schema::repo_is_remote(repo);
+    // Never an option (`--upload-pack=...`), a remote helper (`ext::...`, `fd::...`) or a URL
+    // with whitespace: git reads each of them as something else than a repository.
+    let option_like = repo.starts_with('-')
+        || repo.contains("::")
+        || (remote && repo.chars().any(|ch| ch.is_whitespace() || ch.is_control()));
+    if !repo.is_empty() && ((!remote && !repo.starts_with('/')) || option_like) {
         c.refuse(
             "engine.repo",
             format!("{repo:?}"),
-            "a git URL (https://…, ssh://…, git@host:path) or an absolute path to a repository on the head",
+            "a git URL (https://…, ssh://…, git@host:path; no whitespace, no `transport::` \
+             helper, not starting with '-') or an absolute path to a repository on the head",
         );
     }
     for (i, p) in config.engine.patches.iter().enumerate() {
-        if p.trim().is_empty() {
+        if p.starts_with('-') {
+            c.refuse(
+                format!("engine.patches[{i}]"),
+                format!("{p:?}"),
+                "the path of a patch file on the head, not starting with '-' (write ./-name)",
+            );
+        } else if p.trim().is_empty() {
             c.refuse(
                 format!("engine.patches[{i}]"),
                 "\"\"",

@@ -4,8 +4,8 @@
 //! limit of the RoPE tables, the TP=2 kit's stream limit, the world size (the engine profile's
 //! `EngineLimits`; docs/engine-contract.md lists them).
 //!
-//! The checks of each section are in a child module (`serving`, `engine`, `lifecycle`, `nodes`),
-//! run in that order; this module holds the checker, the result types and the `~` expansion.
+//! The checks of each section are in a child module (`serving`, `engine`, `lifecycle`, `nodes`,
+//! then `paths` across sections), run in that order; this module holds the checker, the result types and the `~` expansion.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,7 @@ use crate::engine::limits::EngineLimits;
 mod engine;
 mod lifecycle;
 mod nodes;
+mod paths;
 mod serving;
 
 /// One refused field.
@@ -118,7 +119,8 @@ impl Checker {
         hi: T,
         why: &str,
     ) {
-        if v < lo || v > hi {
+        // Written so that a NaN (TOML's `nan`) is outside every range.
+        if !(v >= lo && v <= hi) {
             self.refuse(field, v, format!("{lo}..={hi}{why}"));
         }
     }
@@ -139,31 +141,69 @@ impl Checker {
     }
 
     fn repo(&mut self, field: &str, v: &str) {
-        let ok = v.split_once('/').is_some_and(|(o, n)| {
-            !o.is_empty()
-                && !n.is_empty()
-                && !n.contains('/')
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
-        });
+        // The Hub's rules for each part: [A-Za-z0-9-_.], not starting or ending with '-' or
+        // '.', no `--` or `..`, at most 96 characters.
+        let part_ok = |p: &str| {
+            !p.is_empty()
+                && p.len() <= 96
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && !p.starts_with(['-', '.'])
+                && !p.ends_with(['-', '.'])
+                && !p.contains("--")
+                && !p.contains("..")
+        };
+        let ok = v
+            .split_once('/')
+            .is_some_and(|(o, n)| part_ok(o) && part_ok(n));
         if !ok {
-            self.refuse(field, format!("{v:?}"), "a Hub repo id `owner/name`");
+            self.refuse(
+                field,
+                format!("{v:?}"),
+                "a Hub repo id `owner/name` (each of [A-Za-z0-9-_.], not starting or ending with \
+                 '-' or '.', no `--` or `..`)",
+            );
         }
     }
 
     fn revision(&mut self, field: &str, v: &str) {
-        let sha = crate::commit::is_commit_id(v);
-        let branch = !v.is_empty()
-            && v.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
-        if !sha && !branch {
+        if crate::commit::is_commit_id(v) {
+            return;
+        }
+        match crate::commit::check_ref_name(v) {
+            Err(why) => self.refuse(
+                field,
+                format!("{v:?}"),
+                format!(
+                    "a 40-hex commit or a branch/tag name by git's rules (this one {why}): \
+                     no `..`, no leading or trailing '/', only A-Z a-z 0-9 - _ . /"
+                ),
+            ),
+            Ok(()) => self.warn(field, format!("{v:?} is not a commit: it is resolved once at fetch and the commit is recorded; pin a 40-hex commit for reproducible deployments")),
+        }
+    }
+
+    /// A path on a node: no NUL or other control character; empty only when `may_be_empty`
+    /// (then `empty_means` says what empty stands for).
+    fn path(&mut self, field: &str, v: &str, empty_means: Option<&str>) {
+        let problem = if v.is_empty() {
+            empty_means.is_none().then_some("is empty")
+        } else if v.trim().is_empty() {
+            Some("is only whitespace")
+        } else if v.contains('\0') {
+            Some("contains a NUL byte")
+        } else if v.chars().any(char::is_control) {
+            Some("contains a newline or another control character")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            let empty = empty_means.map_or_else(String::new, |m| format!(", or \"\" for {m}"));
             self.refuse(
                 field,
                 format!("{v:?}"),
-                "a 40-hex commit or a branch/tag name",
+                format!("a path without control characters (this one {problem}){empty}"),
             );
-        } else if !sha {
-            self.warn(field, format!("{v:?} is not a commit: it is resolved once at fetch and the commit is recorded; pin a 40-hex commit for reproducible deployments"));
         }
     }
 }
@@ -199,6 +239,7 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
     engine::engine(&mut c, &config, &limits);
     lifecycle::lifecycle(&mut c, &config);
     nodes::nodes(&mut c, &config, &limits);
+    paths::paths(&mut c, &config);
 
     if !c.problems.is_empty() {
         return Err(ConfigError::Invalid {

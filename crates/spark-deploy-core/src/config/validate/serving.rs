@@ -61,8 +61,16 @@ pub(super) fn serving(c: &mut Checker, config: &DeploymentConfig, limits: &Engin
     );
     c.range("serving.port", s.port, 1, u16::MAX, "");
     c.range("serving.max_tokens", s.max_tokens, 1, limits.max_pool, "");
-    let extent = (s.max_tokens + 18).div_ceil(2048) * 2048;
-    if s.context >= limits.min_pool && extent > s.context {
+    // Checked: any u64 may come from the file, the environment or a recipe.
+    let extent = s
+        .max_tokens
+        .checked_add(18)
+        .map(|n| n.div_ceil(2048))
+        .and_then(|n| n.checked_mul(2048));
+    if let Some(extent) = extent
+        && s.context >= limits.min_pool
+        && extent > s.context
+    {
         c.refuse("serving.max_tokens", s.max_tokens, format!("a reply budget whose extent (max_tokens + 18, rounded up to 2048 = {extent}) fits serving.context = {}", s.context));
     }
     if !(0.0..=2.0).contains(&s.temperature) {
@@ -75,6 +83,13 @@ pub(super) fn serving(c: &mut Checker, config: &DeploymentConfig, limits: &Engin
     }
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
         c.refuse("serving.top_p", s.top_p, "(0.0, 1.0]");
+    }
+    if s.top_k == 0 {
+        c.refuse(
+            "serving.top_k",
+            s.top_k,
+            "1 or more (1 is greedy; the served default is 20)",
+        );
     }
     match s.host.parse::<std::net::IpAddr>() {
         Err(_) => c.refuse(

@@ -175,3 +175,174 @@ fn message_carries_value_and_range() {
     let e = check(|c| c.serving.parallel = 9).unwrap_err().to_string();
     assert!(e.contains("serving.parallel = 9: allowed 1..=4"), "{e}");
 }
+
+#[test]
+fn a_huge_reply_budget_is_refused_without_overflow() {
+    for v in [u64::MAX, u64::MAX - 17, u64::MAX / 2] {
+        assert_eq!(
+            refused_field(|c| c.serving.max_tokens = v),
+            "serving.max_tokens"
+        );
+    }
+    assert_eq!(refused_field(|c| c.serving.top_k = 0), "serving.top_k");
+    assert!(check(|c| c.serving.top_k = 1).is_ok());
+}
+
+#[test]
+fn nan_and_infinity_are_outside_every_range() {
+    assert_eq!(
+        refused_field(|c| c.watch.interval_s = f64::NAN),
+        "watch.interval_s"
+    );
+    assert_eq!(
+        refused_field(|c| c.watch.probe_idle_s = f64::INFINITY),
+        "watch.probe_idle_s"
+    );
+    assert_eq!(
+        refused_field(|c| c.serving.temperature = f64::NAN),
+        "serving.temperature"
+    );
+}
+
+#[test]
+fn revisions_are_a_commit_or_a_git_ref_name() {
+    for bad in [
+        "../../etc",
+        "/abs",
+        "a/../b",
+        "x.lock",
+        "main\n",
+        "a//b",
+        "",
+        "caf\u{e9}",
+    ] {
+        assert_eq!(
+            refused_field(|c| c.model.revision = bad.into()),
+            "model.revision",
+            "{bad:?}"
+        );
+        assert_eq!(
+            refused_field(|c| c.model.kit_revision = bad.into()),
+            "model.kit_revision"
+        );
+        assert_eq!(
+            refused_field(|c| c.model.engram_revision = bad.into()),
+            "model.engram_revision"
+        );
+        assert_eq!(
+            refused_field(|c| {
+                c.model.ablit = true;
+                c.model.ablit_revision = bad.into();
+            }),
+            "model.ablit_revision"
+        );
+    }
+    let v = check(|c| c.model.revision = "refs/pr/12".into()).unwrap();
+    assert!(v.warnings().iter().any(|w| w.field == "model.revision"));
+    let msg = check(|c| c.model.revision = "../x".into())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("contains `..`"), "{msg}");
+}
+
+#[test]
+fn engine_commit_is_forty_hex_and_non_ascii_is_refused() {
+    for bad in ["é".repeat(20), "main".into(), "5940208638".into()] {
+        assert_eq!(refused_field(|c| c.engine.commit = bad), "engine.commit");
+    }
+}
+
+#[test]
+fn paths_are_refused_when_empty_or_holding_nul_or_control_characters() {
+    assert_eq!(
+        refused_field(|c| c.deployment.state_dir = String::new()),
+        "deployment.state_dir"
+    );
+    assert_eq!(
+        refused_field(|c| c.nodes[1].data_dir = String::new()),
+        "nodes[1].data_dir"
+    );
+    assert_eq!(
+        refused_field(|c| c.hub.ablit_cache = String::new()),
+        "hub.ablit_cache"
+    );
+    assert_eq!(refused_field(|c| c.hub.cache = "  ".into()), "hub.cache");
+    assert_eq!(refused_field(|c| c.hub.cache = "/a\0b".into()), "hub.cache");
+    assert_eq!(
+        refused_field(|c| c.nodes[0].data_dir = "/x\ny".into()),
+        "nodes[0].data_dir"
+    );
+    assert_eq!(
+        refused_field(|c| c.nodes[1].ssh = "ops@spark\0-2".into()),
+        "nodes[1].ssh"
+    );
+    // Empty hub.cache keeps its documented meaning: huggingface_hub's default.
+    let v = check(|c| c.hub.cache = String::new()).unwrap();
+    assert_eq!(v.config().hub.cache, "/home/spark/.cache/huggingface");
+}
+
+#[test]
+fn endpoint_nfs_server_repo_ids_and_repo_files_are_checked() {
+    assert_eq!(
+        refused_field(|c| c.hub.endpoint = "file:///etc".into()),
+        "hub.endpoint"
+    );
+    assert_eq!(
+        refused_field(|c| c.hub.endpoint = "http://h\n.x".into()),
+        "hub.endpoint"
+    );
+    let msg = check(|c| c.hub.endpoint = "ftp://u:topsecret@h".into())
+        .unwrap_err()
+        .to_string();
+    assert!(!msg.contains("topsecret"), "{msg}");
+    assert!(check(|c| c.hub.endpoint = "https://u:p@hub.example:8443".into()).is_ok());
+    assert_eq!(
+        refused_field(|c| c.storage.head_nfs_server = "10.0.0.1,nolock".into()),
+        "storage.head_nfs_server"
+    );
+    assert!(check(|c| c.storage.head_nfs_server = "198.18.0.1".into()).is_ok());
+    for bad in ["../..", "a/..", "-x/y", "a--b/c", "a/b/c", "a/.b"] {
+        assert_eq!(
+            refused_field(|c| c.model.id = bad.into()),
+            "model.id",
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        refused_field(|c| c.model.engram_files = vec!["../../x.safetensors".into()]),
+        "model.engram_files[0]"
+    );
+    assert_eq!(
+        refused_field(|c| c.model.engram_files = vec!["/etc/passwd".into()]),
+        "model.engram_files[0]"
+    );
+}
+
+#[test]
+fn engine_repo_and_patches_are_never_read_as_git_options() {
+    for bad in [
+        "--upload-pack=touch /tmp/x:y",
+        "-oProxyCommand=x:y",
+        "ext::sh -c touch% /tmp/x",
+        "fd::17",
+        "https://host/a b",
+        "git@host:repo\n",
+    ] {
+        assert_eq!(
+            refused_field(|c| c.engine.repo = bad.into()),
+            "engine.repo",
+            "{bad}"
+        );
+    }
+    for ok in [
+        "https://github.com/o/r.git",
+        "git@host:o/r.git",
+        "/srv/git/engine",
+    ] {
+        assert!(check(|c| c.engine.repo = ok.into()).is_ok(), "{ok}");
+    }
+    assert_eq!(
+        refused_field(|c| c.engine.patches = vec!["--exec=x".into()]),
+        "engine.patches[0]"
+    );
+}

@@ -151,7 +151,12 @@ fn link_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> std::io::R
             let real = fs_err::canonicalize(&src)?;
             if fs_err::hard_link(&real, &dst).is_err() {
                 let tmp = dst.with_extension("partial");
-                fs_err::copy(&real, &tmp)?;
+                crate::safe_fs::copy_exclusive(&real, &tmp, 0o644).map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("copy {} to {}: {e}", real.display(), tmp.display()),
+                    )
+                })?;
                 fs_err::rename(&tmp, &dst)?;
             }
             n += 1;

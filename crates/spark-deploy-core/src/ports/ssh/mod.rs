@@ -321,14 +321,8 @@ fn next_config_id() -> u64 {
 
 fn write_private(path: &Path, contents: &[u8]) -> io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(contents)
+    // Mode 0600 from the start, exclusive, never through a symlink at the path.
+    crate::safe_fs::create_exclusive(path, 0o600)?.write_all(contents)
 }
 
 /// The error of a failed connect: what ssh resolved the destination to and, behind a

@@ -57,7 +57,8 @@ pub struct BuildRecord {
 
 /// The cached build of `key`, when its record is readable and every binary still has its sha256.
 pub(super) fn cached(entry: &Path, key: &str) -> Option<BuildRecord> {
-    let text = std::fs::read(entry.join("build.json")).ok()?;
+    let text =
+        crate::safe_fs::read_capped(&entry.join("build.json"), crate::safe_fs::JSON_CAP).ok()?;
     let record: BuildRecord = serde_json::from_slice(&text).ok()?;
     let intact = record.key == key
         && record.binaries.iter().all(|(name, sha)| {
@@ -76,7 +77,7 @@ pub(super) fn install(from: &Path, to: &Path) -> Result<(), BuildError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let partial = dir.join(format!(".{name}.partial"));
-    std::fs::copy(from, &partial).map_err(io("copy to", &partial))?;
+    crate::safe_fs::copy_exclusive(from, &partial, 0o755).map_err(io("copy to", &partial))?;
     std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
         .map_err(io("chmod", &partial))?;
     std::fs::rename(&partial, to).map_err(io("rename", to))

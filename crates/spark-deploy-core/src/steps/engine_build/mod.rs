@@ -281,13 +281,15 @@ async fn build(
     }
     if !has_commit(exec, &src, inputs.commit).await? {
         log_line(format!("fetching {} from {}", inputs.commit, inputs.repo));
-        let by_id = git(&src).args(["fetch", "-q", "--no-tags", inputs.repo, inputs.commit]);
+        // `--` first: the repository is never read as an option (`--upload-pack=...`).
+        let by_id = git(&src).args(["fetch", "-q", "--no-tags", "--", inputs.repo, inputs.commit]);
         if let Err(first) = run_git(exec, by_id).await {
             // A server that refuses fetching by ID: fetch its branches and tags instead.
             let all = git(&src).args([
                 "fetch",
                 "-q",
                 "--no-tags",
+                "--",
                 inputs.repo,
                 "+refs/heads/*:refs/engine-build/heads/*",
                 "+refs/tags/*:refs/engine-build/tags/*",
@@ -314,7 +316,7 @@ async fn build(
     let short_commit: String = inputs.commit.chars().take(12).collect();
     for (index, (path, (_, _, text))) in inputs.patches.iter().zip(patches).enumerate() {
         let check = exec
-            .output(&git(&src).args(["apply", "--check", path.as_str()]))
+            .output(&git(&src).args(["apply", "--check", "--", path.as_str()]))
             .await?;
         if !check.status.success() {
             return Err(BuildError::PatchDoesNotApply {
@@ -327,7 +329,7 @@ async fn build(
                 )),
             });
         }
-        run_git(exec, git(&src).args(["apply", path.as_str()])).await?;
+        run_git(exec, git(&src).args(["apply", "--", path.as_str()])).await?;
         log_line(format!("applied {path}"));
     }
     let out = inputs.build_dir.join("out");

@@ -5,7 +5,6 @@
 //! the file's sha256 can match the kit's MANIFEST.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -129,7 +128,7 @@ pub fn write_bias_vl(original_dir: &Path, out: &Path) -> Result<BiasVlReport, Bi
             });
         }
         let mut data = vec![0; t.len as usize];
-        let f = File::open(&h.shard.path).map_err(|source| BiasVlError::Io {
+        let f = crate::safe_fs::open_regular(&h.shard.path).map_err(|source| BiasVlError::Io {
             path: h.shard.path.clone(),
             source,
         })?;
@@ -189,7 +188,7 @@ pub fn write_tensors(tensors: &[BiasTensor], out: &Path) -> Result<BiasVlReport,
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
     let tmp = out.with_extension("safetensors.partial");
-    std::fs::write(&tmp, &blob).map_err(io(&tmp))?;
+    crate::safe_fs::write_exclusive(&tmp, &blob).map_err(io(&tmp))?;
     std::fs::rename(&tmp, out).map_err(io(out))?;
     Ok(BiasVlReport {
         tensors: tensors.len(),

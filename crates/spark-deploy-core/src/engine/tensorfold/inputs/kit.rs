@@ -80,10 +80,12 @@ pub fn parse_manifest(path: &Path, text: &str) -> Result<Vec<(String, String)>, 
 /// differing file.
 pub fn verify_kit(kit_dir: &Path) -> Result<usize, KitError> {
     let mpath = kit_dir.join("MANIFEST");
-    let text = std::fs::read_to_string(&mpath).map_err(|source| KitError::Io {
-        path: mpath.clone(),
-        source,
-    })?;
+    let text = crate::safe_fs::read_to_string_capped(&mpath, crate::safe_fs::JSON_CAP).map_err(
+        |source| KitError::Io {
+            path: mpath.clone(),
+            source,
+        },
+    )?;
     let entries = parse_manifest(&mpath, &text)?;
     let (mut missing, mut differs) = (Vec::new(), Vec::new());
     for (hash, file) in &entries {
@@ -113,7 +115,7 @@ pub fn verify_kit(kit_dir: &Path) -> Result<usize, KitError> {
 /// use the kit's published file instead of the generated one).
 pub fn check_file(kit_dir: &Path, rel: &str) -> Result<bool, KitError> {
     let mpath = kit_dir.join("MANIFEST");
-    let Ok(text) = std::fs::read_to_string(&mpath) else {
+    let Ok(text) = crate::safe_fs::read_to_string_capped(&mpath, crate::safe_fs::JSON_CAP) else {
         return Ok(false);
     };
     let Some((hash, _)) = parse_manifest(&mpath, &text)?

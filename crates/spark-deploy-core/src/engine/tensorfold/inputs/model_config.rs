@@ -203,10 +203,13 @@ impl ModelConfig {
     /// errors of [`ModelConfig::parse`].
     pub fn read(dir: &Path) -> Result<Self, ModelConfigError> {
         let path = dir.join("config.json");
-        let text = std::fs::read(&path).map_err(|source| ModelConfigError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text =
+            crate::safe_fs::read_capped(&path, crate::safe_fs::JSON_CAP).map_err(|source| {
+                ModelConfigError::Read {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
         Self::parse(&path, &text)
     }
 

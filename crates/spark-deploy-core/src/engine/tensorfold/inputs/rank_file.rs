@@ -2,7 +2,6 @@
 //! rules the engine applies.
 
 use std::fmt::Write as _;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -279,7 +278,7 @@ pub fn read_index(path: &Path) -> Result<RankFileIndex, RankFileError> {
         path: path.to_path_buf(),
         problem,
     };
-    let f = File::open(path).map_err(io)?;
+    let f = crate::safe_fs::open_regular(path).map_err(io)?;
     let len = f.metadata().map_err(io)?.len();
     if len < 16 {
         return Err(bad(format!("{len} bytes long, shorter than the footer")));

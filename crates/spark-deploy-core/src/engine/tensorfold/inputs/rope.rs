@@ -6,7 +6,6 @@
 //! bits of the published tables, so when the kit ships a `rope.json` the generated files are
 //! compared with its hashes and refused on a mismatch (use the kit's published tables then).
 
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -214,7 +213,8 @@ pub fn write_rope_tables(
     std::fs::create_dir_all(kit_dir).map_err(io(kit_dir))?;
     let json_path = kit_dir.join("rope.json");
     let published: Option<Value> = if json_path.exists() {
-        let text = std::fs::read(&json_path).map_err(io(&json_path))?;
+        let text = crate::safe_fs::read_capped(&json_path, crate::safe_fs::JSON_CAP)
+            .map_err(io(&json_path))?;
         Some(
             serde_json::from_slice(&text).map_err(|e| RopeError::RopeJson {
                 path: json_path.clone(),
@@ -252,11 +252,17 @@ pub fn write_rope_tables(
             partials.push((pc.clone(), FILES[k]));
             partials.push((ps.clone(), FILES[k + 1]));
             let mut wc = HashWriter {
-                inner: BufWriter::with_capacity(1 << 20, File::create(&pc).map_err(io(&pc))?),
+                inner: BufWriter::with_capacity(
+                    1 << 20,
+                    crate::safe_fs::create_exclusive(&pc, 0o644).map_err(io(&pc))?,
+                ),
                 hash: Sha256::new(),
             };
             let mut ws = HashWriter {
-                inner: BufWriter::with_capacity(1 << 20, File::create(&ps).map_err(io(&ps))?),
+                inner: BufWriter::with_capacity(
+                    1 << 20,
+                    crate::safe_fs::create_exclusive(&ps, 0o644).map_err(io(&ps))?,
+                ),
                 hash: Sha256::new(),
             };
             write_tables(&freqs, rows, &mut wc, &mut ws).map_err(io(&pc))?;

@@ -181,9 +181,11 @@ pub struct IndexJson {
 /// # Errors
 /// I/O errors or a file without a `weight_map` object of strings.
 pub fn read_index_json(path: &Path) -> Result<IndexJson, SafetensorsError> {
-    let text = std::fs::read(path).map_err(|source| SafetensorsError::Io {
-        path: path.to_path_buf(),
-        source,
+    let text = crate::safe_fs::read_capped(path, crate::safe_fs::JSON_CAP).map_err(|source| {
+        SafetensorsError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
     let bad = |problem: &str| SafetensorsError::IndexJson {
         path: path.to_path_buf(),

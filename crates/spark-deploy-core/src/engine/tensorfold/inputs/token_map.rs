@@ -103,10 +103,13 @@ impl Tokenizer {
     /// # Errors
     /// I/O or JSON errors, or an unsupported model / decoder type.
     pub fn read(path: &Path) -> Result<Self, TokenMapError> {
-        let text = std::fs::read(path).map_err(|source| TokenMapError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::safe_fs::read_capped(path, crate::safe_fs::JSON_CAP).map_err(|source| {
+                TokenMapError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         Self::parse(path, &text)
     }
 
@@ -326,10 +329,13 @@ pub fn build_token_map(tokenizer_json: &Path) -> Result<TokenMap, TokenMapError>
 /// # Errors
 /// I/O or JSON errors, or a config without the field.
 pub fn expected_count(config_json: &Path) -> Result<usize, TokenMapError> {
-    let text = std::fs::read(config_json).map_err(|source| TokenMapError::Io {
-        path: config_json.to_path_buf(),
-        source,
-    })?;
+    let text =
+        crate::safe_fs::read_capped(config_json, crate::safe_fs::JSON_CAP).map_err(|source| {
+            TokenMapError::Io {
+                path: config_json.to_path_buf(),
+                source,
+            }
+        })?;
     let v: Value = serde_json::from_slice(&text).map_err(|e| TokenMapError::Json {
         path: config_json.to_path_buf(),
         problem: e.to_string(),
@@ -368,7 +374,7 @@ pub fn write_token_map(model_dir: &Path, out: &Path) -> Result<TokenMap, TokenMa
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
     let tmp = out.with_extension("json.partial");
-    std::fs::write(&tmp, map.to_json()).map_err(io(&tmp))?;
+    crate::safe_fs::write_exclusive(&tmp, map.to_json()).map_err(io(&tmp))?;
     std::fs::rename(&tmp, out).map_err(io(out))?;
     Ok(map)
 }

@@ -44,7 +44,8 @@ pub fn build_rank_cache(
         });
     }
     let partial = out_dir.join(rank_file::partial_name(plan.rank, plan.world));
-    let out = File::create(&partial).map_err(io("create", &partial))?;
+    // Exclusive and never through a symlink planted at the partial's name.
+    let out = crate::safe_fs::create_exclusive(&partial, 0o644).map_err(io("create", &partial))?;
     let result = (|| {
         out.set_len(plan.file_len()).map_err(io("size", &partial))?;
         let sink = |start: u64, buf: &[u8]| {
@@ -99,7 +100,7 @@ pub fn build_rank_cache(
         ".{}.partial",
         side.file_name().unwrap_or_default().to_string_lossy()
     ));
-    std::fs::write(
+    crate::safe_fs::write_exclusive(
         &side_tmp,
         plan.sidecar_json(opts.source_label.as_deref(), opts.overlay.as_deref()),
     )
@@ -123,6 +124,7 @@ pub fn sidecar_path(rank_file: &Path) -> PathBuf {
 /// The sidecar of a rank file, if present and readable.
 #[must_use]
 pub fn read_sidecar(rank_file: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read(sidecar_path(rank_file)).ok()?;
+    let text =
+        crate::safe_fs::read_capped(&sidecar_path(rank_file), crate::safe_fs::JSON_CAP).ok()?;
     serde_json::from_slice(&text).ok()
 }

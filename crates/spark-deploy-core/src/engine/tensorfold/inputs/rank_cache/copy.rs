@@ -133,7 +133,7 @@ pub(super) fn for_each_chunk(
         .shards
         .iter()
         .map(|s| {
-            File::open(&s.path).map_err(|source| RankCacheError::Io {
+            crate::safe_fs::open_regular(&s.path).map_err(|source| RankCacheError::Io {
                 rank: plan.rank,
                 op: "open",
                 path: s.path.clone(),

@@ -1,6 +1,5 @@
 //! Checking an existing rank file against its plan and the checkpoint.
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -104,7 +103,7 @@ pub fn verify_rank_cache(
         ));
     }
     if level == VerifyLevel::Bytes {
-        let f = File::open(&path).map_err(|source| RankCacheError::Io {
+        let f = crate::safe_fs::open_regular(&path).map_err(|source| RankCacheError::Io {
             rank: plan.rank,
             op: "open",
             path: path.clone(),
