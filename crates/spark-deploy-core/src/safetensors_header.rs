@@ -93,7 +93,7 @@ impl Header {
     /// Where the data section starts: `8 + N`.
     #[must_use]
     pub fn data_start(&self) -> u64 {
-        8 + self.len
+        self.len.saturating_add(8)
     }
 
     /// The data section's length.
@@ -105,7 +105,7 @@ impl Header {
     /// The length of the whole file this header describes.
     #[must_use]
     pub fn file_len(&self) -> u64 {
-        self.data_start() + self.data_len()
+        self.data_start().saturating_add(self.data_len())
     }
 }
 
@@ -127,34 +127,93 @@ pub fn header_len(prefix: &[u8], file_len: Option<u64>) -> Result<u64, HeaderErr
     Ok(len)
 }
 
-/// Parse and validate the `N` bytes of header JSON.
+/// The header JSON as written: `__metadata__` and one entry per tensor.
+#[derive(serde::Deserialize)]
+struct RawHeader {
+    #[serde(rename = "__metadata__")]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(flatten)]
+    tensors: std::collections::HashMap<String, safetensors::tensor::TensorInfo>,
+}
+
+/// The byte length of a tensor of `shape` and `bits` per element, with checked arithmetic: a shape
+/// holding a 0 is empty whatever its other dimensions (`[2^62, 4, 0]` is 0 bytes), anything that
+/// overflows 64 bits or ends mid-byte is refused.
+///
+/// # Errors
+/// What is wrong, for the caller to prefix with the tensor's name.
+pub fn tensor_bytes(shape: &[usize], bits: usize) -> Result<u64, String> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+        .ok_or_else(|| format!("shape {shape:?} has more than 2^64 elements"))?;
+    let total_bits = elements
+        .checked_mul(bits as u64)
+        .ok_or_else(|| format!("shape {shape:?} holds more than 2^64 bits"))?;
+    if !total_bits.is_multiple_of(8) {
+        return Err(format!(
+            "shape {shape:?} of {bits}-bit elements does not end on a byte"
+        ));
+    }
+    Ok(total_bits / 8)
+}
+
+/// Parse and validate the `N` bytes of header JSON: offsets contiguous from 0 and each tensor's
+/// byte length equal to its shape times its dtype's size, all in checked 64-bit arithmetic.
 ///
 /// # Errors
 /// [`HeaderError::Parse`] naming what is wrong (bad JSON, an unknown dtype, offsets that leave a
-/// gap or overlap, a tensor whose byte length does not match its shape and dtype).
+/// gap or overlap, a tensor whose byte length does not match its shape and dtype), and the tensor.
 pub fn parse(json: &[u8]) -> Result<Header, HeaderError> {
-    let meta: safetensors::tensor::Metadata =
+    let raw: RawHeader =
         serde_json::from_slice(json).map_err(|e| HeaderError::Parse(e.to_string()))?;
-    let mut tensors: Vec<TensorSpan> = meta
-        .tensors()
+    let mut tensors: Vec<(TensorSpan, usize)> = raw
+        .tensors
         .into_iter()
-        .map(|(name, info)| TensorSpan {
-            name,
-            dtype: info.dtype.to_string(),
-            shape: info.shape.clone(),
-            data_offsets: (info.data_offsets.0 as u64, info.data_offsets.1 as u64),
+        .map(|(name, info)| {
+            let span = TensorSpan {
+                name,
+                dtype: info.dtype.to_string(),
+                shape: info.shape,
+                data_offsets: (info.data_offsets.0 as u64, info.data_offsets.1 as u64),
+            };
+            (span, info.dtype.bitsize())
         })
         .collect();
-    tensors.sort_by_key(|t| t.data_offsets);
-    let metadata = meta
-        .metadata()
-        .as_ref()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default();
+    tensors.sort_by(|(a, _), (b, _)| (a.data_offsets, &a.name).cmp(&(b.data_offsets, &b.name)));
+    let mut at = 0u64;
+    for (t, bits) in &tensors {
+        let bad = |problem: String| HeaderError::Parse(format!("tensor `{}`: {problem}", t.name));
+        let (begin, end) = t.data_offsets;
+        if begin != at || end < begin {
+            return Err(bad(format!(
+                "data_offsets [{begin}, {end}] do not start where the previous tensor ends ({at})"
+            )));
+        }
+        let want = tensor_bytes(&t.shape, *bits).map_err(&bad)?;
+        if end - begin != want {
+            return Err(bad(format!(
+                "{} bytes, but {} {:?} needs {want}",
+                end - begin,
+                t.dtype,
+                t.shape
+            )));
+        }
+        at = end;
+    }
+    let len = json.len() as u64;
+    if at.checked_add(len).and_then(|n| n.checked_add(8)).is_none() {
+        return Err(HeaderError::Parse(format!(
+            "the data section's {at} bytes after an {len}-byte header exceed 2^64 bytes"
+        )));
+    }
     Ok(Header {
-        len: json.len() as u64,
-        metadata,
-        tensors,
+        len,
+        metadata: raw.metadata.unwrap_or_default(),
+        tensors: tensors.into_iter().map(|(t, _)| t).collect(),
     })
 }
 

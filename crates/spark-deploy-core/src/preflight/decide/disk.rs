@@ -33,7 +33,7 @@ pub struct DiskFacts {
 pub fn df_free_bytes(text: &str) -> Option<(String, u64)> {
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
     let fields: Vec<&str> = line.split_whitespace().collect();
-    let free = fields.get(3)?.parse::<u64>().ok()? * 1024;
+    let free = fields.get(3)?.parse::<u64>().ok()?.checked_mul(1024)?;
     let mount = fields.get(5..).map(|m| m.join(" ")).unwrap_or_default();
     Some((mount, free))
 }
@@ -89,7 +89,11 @@ pub(super) fn decide(f: &NodeFacts, out: &mut Vec<CheckResult>) {
         }
     }
     for g in fs {
-        let need: u64 = g.missing.iter().map(|m| m.bytes).sum();
+        // Sizes come from listings and headers: a sum past 2^64 bytes is "more than any disk".
+        let need: u64 = g
+            .missing
+            .iter()
+            .fold(0u64, |n, m| n.saturating_add(m.bytes));
         let parts = if g.missing.is_empty() {
             "nothing missing".to_owned()
         } else {

@@ -286,16 +286,8 @@ pub fn read_index(path: &Path) -> Result<RankFileIndex, RankFileError> {
     }
     let mut tail = [0u8; 16];
     f.read_exact_at(&mut tail, len - 16).map_err(io)?;
-    if &tail[8..] != MAGIC {
-        return Err(bad("the last 8 bytes are not TFDSRK01".into()));
-    }
-    let at = u64::from_le_bytes(tail[..8].try_into().unwrap_or_default());
-    if at > len - 16 || len - 16 - at > MAX_INDEX_BYTES {
-        return Err(bad(format!(
-            "footer offset {at} does not fit a {len}-byte file"
-        )));
-    }
-    let mut json = vec![0u8; (len - 16 - at) as usize];
+    let (at, index_len) = locate_index(len, &tail).map_err(bad)?;
+    let mut json = vec![0u8; index_len];
     f.read_exact_at(&mut json, at).map_err(io)?;
     let rows = parse_index(&json, at).map_err(bad)?;
     Ok(RankFileIndex {
@@ -304,6 +296,33 @@ pub fn read_index(path: &Path) -> Result<RankFileIndex, RankFileError> {
         data_bytes: at,
         file_len: len,
     })
+}
+
+/// Where the index of a `file_len`-byte rank file lies, from its last 16 bytes `tail` (u64 LE
+/// data length, magic): `(offset, length)`, the length at most [`MAX_INDEX_BYTES`].
+///
+/// # Errors
+/// A message naming the broken rule: a file shorter than the footer, a wrong magic word, or a
+/// data length that does not fit the file.
+pub fn locate_index(file_len: u64, tail: &[u8; 16]) -> Result<(u64, usize), String> {
+    let Some(room) = file_len.checked_sub(16) else {
+        return Err(format!("{file_len} bytes long, shorter than the footer"));
+    };
+    if &tail[8..] != MAGIC {
+        return Err("the last 8 bytes are not TFDSRK01".into());
+    }
+    let mut at = [0u8; 8];
+    at.copy_from_slice(&tail[..8]);
+    let at = u64::from_le_bytes(at);
+    match room.checked_sub(at) {
+        Some(n) if n <= MAX_INDEX_BYTES => Ok((at, usize::try_from(n).unwrap_or(usize::MAX))),
+        Some(n) => Err(format!(
+            "the index would be {n} bytes, more than the reader's {MAX_INDEX_BYTES}"
+        )),
+        None => Err(format!(
+            "footer offset {at} does not fit a {file_len}-byte file"
+        )),
+    }
 }
 
 /// Parses index JSON under the reader rules: rows in order, back to back from 0, bytes equal to
@@ -346,10 +365,8 @@ pub fn parse_index(json: &[u8], data_bytes: u64) -> Result<Vec<IndexRow>, String
         let bytes = f[4]
             .as_u64()
             .ok_or_else(|| format!("row {i} ({key}): bad byte count"))?;
-        let want = shape
-            .iter()
-            .try_fold(dtype.size() as u64, |n, &d| n.checked_mul(d as u64))
-            .ok_or_else(|| format!("row {i} ({key}): size overflows"))?;
+        let want = crate::safetensors_header::tensor_bytes(&shape, dtype.size() * 8)
+            .map_err(|e| format!("row {i} ({key}): {e}"))?;
         if want != bytes {
             return Err(format!(
                 "row {i} ({key}): {bytes} bytes, its shape needs {want}"
@@ -360,15 +377,16 @@ pub fn parse_index(json: &[u8], data_bytes: u64) -> Result<Vec<IndexRow>, String
                 "row {i} ({key}): offset {offset}, the previous row ends at {at}"
             ));
         }
-        if offset + bytes > data_bytes {
-            return Err(format!(
-                "row {i} ({key}): ends past the data section ({data_bytes})"
-            ));
-        }
+        let end = offset
+            .checked_add(bytes)
+            .filter(|end| *end <= data_bytes)
+            .ok_or_else(|| {
+                format!("row {i} ({key}): ends past the data section ({data_bytes} bytes)")
+            })?;
         if !seen.insert(key.to_owned()) {
             return Err(format!("row {i}: key {key} appears twice"));
         }
-        at = offset + bytes;
+        at = end;
         rows.push(IndexRow {
             key: key.to_owned(),
             dtype,
