@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::checksum::{self, BlockChecksums};
 use super::{RankCacheError, RankCacheOptions};
 use crate::engine::tensorfold::inputs::dtype::DType;
 use crate::engine::tensorfold::inputs::model_config::ModelConfig;
@@ -85,9 +86,14 @@ impl RankCachePlan {
     }
 
     /// The sidecar written next to a built file (`<file>.source.json`): the index hash, the split,
-    /// and `source_label`.
+    /// `source_label`, and the data section's block checksums.
     #[must_use]
-    pub fn sidecar_json(&self, source_label: Option<&str>, overlay: Option<&Path>) -> String {
+    pub fn sidecar_json(
+        &self,
+        source_label: Option<&str>,
+        overlay: Option<&Path>,
+        checksums: Option<&BlockChecksums>,
+    ) -> String {
         serde_json::json!({
             "file": self.file_name,
             "index_sha256": crate::digest::sha256_hex(&self.index_json),
@@ -98,6 +104,7 @@ impl RankCachePlan {
             "dspark": self.dspark,
             "overlay": overlay.map(|p| p.display().to_string()),
             "source": source_label,
+            checksum::SIDECAR_KEY: checksums.map(BlockChecksums::to_json),
         })
         .to_string()
     }
