@@ -202,7 +202,18 @@ fn safetensors_cases() -> Vec<Case> {
     let total = b.shard_bytes.len();
     let n = b.header_len;
     let mut cases = Vec::new();
-    for cut in [0, 1, 7, 8, 9, 8 + n - 1, 8 + n, 8 + n + 1, total / 2, total - 1] {
+    for cut in [
+        0,
+        1,
+        7,
+        8,
+        9,
+        8 + n - 1,
+        8 + n,
+        8 + n + 1,
+        total / 2,
+        total - 1,
+    ] {
         cases.push(case(
             format!("shard truncated to {cut} bytes"),
             b.shard_bytes[..cut].to_vec(),
@@ -236,12 +247,21 @@ fn safetensors_cases() -> Vec<Case> {
         ("a number", b"1".to_vec()),
         ("a string", b"\"x\"".to_vec()),
         ("a tensor that is a number", b"{\"a\":1}".to_vec()),
-        ("invalid UTF-8", vec![b'{', b'"', 0xff, 0xfe, b'"', b':', b'1', b'}']),
+        (
+            "invalid UTF-8",
+            vec![b'{', b'"', 0xff, 0xfe, b'"', b':', b'1', b'}'],
+        ),
         ("no tensors at all", b"{}".to_vec()),
         ("nesting 300 deep", deep.into_bytes()),
         ("an empty tensor entry", b"{\"t\": {}}".to_vec()),
-        ("metadata that is a number", b"{\"__metadata__\": 5}".to_vec()),
-        ("metadata with a number", b"{\"__metadata__\": {\"a\": 1}}".to_vec()),
+        (
+            "metadata that is a number",
+            b"{\"__metadata__\": 5}".to_vec(),
+        ),
+        (
+            "metadata with a number",
+            b"{\"__metadata__\": {\"a\": 1}}".to_vec(),
+        ),
         ("NUL bytes", vec![0u8; 16]),
         ("spaces only", vec![b' '; 24]),
     ] {
@@ -274,13 +294,18 @@ fn safetensors_cases() -> Vec<Case> {
         ("shape past u64", |v| {
             v["shape"] = serde_json::from_str("[18446744073709551616]").unwrap();
         }),
-        ("shape [2^62, 4, 0]: zero bytes, offsets say otherwise", |v| {
-            v["shape"] = json!([1u64 << 62, 4, 0]);
-        }),
+        (
+            "shape [2^62, 4, 0]: zero bytes, offsets say otherwise",
+            |v| {
+                v["shape"] = json!([1u64 << 62, 4, 0]);
+            },
+        ),
         ("shape of 2^65 elements", |v| {
             v["shape"] = json!([1u64 << 32, 1u64 << 32, 2]);
         }),
-        ("shape of 2^64 bits", |v| v["shape"] = json!([1u64 << 63, 2])),
+        ("shape of 2^64 bits", |v| {
+            v["shape"] = json!([1u64 << 63, 2])
+        }),
         ("five dims, same bytes", |v| {
             let (k, n, w) = (tensor_field(v, 0), tensor_field(v, 1), tensor_field(v, 2));
             v["shape"] = json!([1, 1, k, n, w]);
@@ -375,7 +400,15 @@ fn hostile_safetensors_shards_are_refused_naming_the_shard_or_tensor() {
         let out = out.display().to_string();
         expect_clear_failure(
             dir,
-            &["rank-cache", "index-only", &m, &out, "0", "2", "--test-scale"],
+            &[
+                "rank-cache",
+                "index-only",
+                &m,
+                &out,
+                "0",
+                "2",
+                "--test-scale",
+            ],
             c,
         );
     });
@@ -436,7 +469,11 @@ fn rank_cases() -> Vec<(Layout, Case)> {
     for k in [0, 3, 5, 7] {
         let mut bytes = b.rank_bytes.clone();
         bytes[len - 8 + k] ^= 0x20;
-        cases.push(file(case(format!("magic byte {k} changed"), bytes, &[name])));
+        cases.push(file(case(
+            format!("magic byte {k} changed"),
+            bytes,
+            &[name],
+        )));
     }
     for at in [
         0u64,
@@ -475,18 +512,39 @@ fn rank_cases() -> Vec<(Layout, Case)> {
         ("an empty row", b"[[]]".to_vec()),
         ("null", b"null".to_vec()),
         ("invalid UTF-8", vec![b'[', b'"', 0xff, b'"', b']']),
-        ("a valid index of another plan", b"[[\"a\", \"float32\", [2], 0, 8]]".to_vec()),
+        (
+            "a valid index of another plan",
+            b"[[\"a\", \"float32\", [2], 0, 8]]".to_vec(),
+        ),
         ("the same rows, other spacing", spaced),
-        ("first row one byte longer", first(|r| r[4] = (r[4].as_u64().unwrap() + 1).into())),
+        (
+            "first row one byte longer",
+            first(|r| r[4] = (r[4].as_u64().unwrap() + 1).into()),
+        ),
         ("first row at offset 1", first(|r| r[3] = 1.into())),
-        ("first row of five dims", first(|r| r[2] = json!([1, 1, 1, 1, 1]))),
+        (
+            "first row of five dims",
+            first(|r| r[2] = json!([1, 1, 1, 1, 1])),
+        ),
         ("first row float64", first(|r| r[1] = "float64".into())),
-        ("first row of four fields", first(|r| {
-            r.as_array_mut().unwrap().pop();
-        })),
-        ("first row of 2^126 elements", first(|r| r[2] = json!([1u64 << 63, 1u64 << 63]))),
-        ("first row at a negative offset", first(|r| r[3] = json!(-8))),
-        ("first row of 2^64 - 1 bytes", first(|r| r[4] = json!(u64::MAX))),
+        (
+            "first row of four fields",
+            first(|r| {
+                r.as_array_mut().unwrap().pop();
+            }),
+        ),
+        (
+            "first row of 2^126 elements",
+            first(|r| r[2] = json!([1u64 << 63, 1u64 << 63])),
+        ),
+        (
+            "first row at a negative offset",
+            first(|r| r[3] = json!(-8)),
+        ),
+        (
+            "first row of 2^64 - 1 bytes",
+            first(|r| r[4] = json!(u64::MAX)),
+        ),
         ("a key twice", index_text(&dup)),
         ("one row more", index_text(&extra)),
     ] {
@@ -529,15 +587,27 @@ fn rank_cases() -> Vec<(Layout, Case)> {
     ));
     cases.push((
         Layout::Twice,
-        case("two files for the rank", b.rank_bytes.clone(), &["remove all but one"]),
+        case(
+            "two files for the rank",
+            b.rank_bytes.clone(),
+            &["remove all but one"],
+        ),
     ));
     cases.push((
         Layout::Directory,
-        case("a directory under the name", Vec::new(), &["holds no rank0of2"]),
+        case(
+            "a directory under the name",
+            Vec::new(),
+            &["holds no rank0of2"],
+        ),
     ));
     cases.push((
         Layout::Symlink,
-        case("a symlink under the name", b.rank_bytes.clone(), &["holds no rank0of2"]),
+        case(
+            "a symlink under the name",
+            b.rank_bytes.clone(),
+            &["holds no rank0of2"],
+        ),
     ));
     cases
 }
@@ -647,13 +717,22 @@ mod host {
         let big = "9".repeat(40);
         vec![
             ("empty".into(), String::new()),
-            ("binary".into(), String::from_utf8_lossy(&[0xff, 0, 1, 0x80, b'\n', 0]).into()),
+            (
+                "binary".into(),
+                String::from_utf8_lossy(&[0xff, 0, 1, 0x80, b'\n', 0]).into(),
+            ),
             ("no colon".into(), format!("{field} 5 kB\n")),
             ("not a number".into(), format!("{field}: abc kB\n")),
             ("negative".into(), format!("{field}: -5 kB\n")),
             ("exponent".into(), format!("{field}: 1e9 kB\n")),
-            ("2^64 kB".into(), format!("{field}: 18446744073709551616 kB\n")),
-            ("2^64 bytes in kB".into(), format!("{field}: {} kB\n", u64::MAX / 1024 + 1)),
+            (
+                "2^64 kB".into(),
+                format!("{field}: 18446744073709551616 kB\n"),
+            ),
+            (
+                "2^64 bytes in kB".into(),
+                format!("{field}: {} kB\n", u64::MAX / 1024 + 1),
+            ),
             ("u64::MAX kB".into(), format!("{field}: {} kB\n", u64::MAX)),
             ("40 digits".into(), format!("{field}: {big} kB\n")),
             ("NUL inside".into(), format!("{field}: 12\u{0}34 kB\n")),
@@ -666,11 +745,18 @@ mod host {
         assert_eq!(cases.len(), 11);
         for (what, text) in cases {
             assert_eq!(mem_available(&text), None, "{what}");
-            assert_eq!(mem_total(&text.replace("MemAvailable", "MemTotal")), None, "{what}");
+            assert_eq!(
+                mem_total(&text.replace("MemAvailable", "MemTotal")),
+                None,
+                "{what}"
+            );
             let mut f = node();
             f.meminfo = Ok(text);
             let said = failed_row(f, Check::MemoryAvailable, &what);
-            assert!(said.contains("MemAvailable") && said.contains(NODE), "{what}: {said}");
+            assert!(
+                said.contains("MemAvailable") && said.contains(NODE),
+                "{what}: {said}"
+            );
         }
     }
 
@@ -743,7 +829,13 @@ mod host {
             let gpus = parse_clocks(text);
             assert!(!gpus.is_empty(), "{text:?}");
             for g in gpus {
-                for v in [g.max_graphics, g.max_sm, g.max_memory, g.app_graphics, g.app_memory] {
+                for v in [
+                    g.max_graphics,
+                    g.max_sm,
+                    g.max_memory,
+                    g.app_graphics,
+                    g.app_memory,
+                ] {
                     assert_eq!(v, None, "{text:?}: {g:?}");
                 }
             }
@@ -777,7 +869,12 @@ mod host {
             );
         }
         // A route line that is not one gives no route at all (the fabric row fails on it).
-        for bad in ["", "dev", "10.0.0.2 dev x src 10.0.0.300", "src 10.0.0.1 dev"] {
+        for bad in [
+            "",
+            "dev",
+            "10.0.0.2 dev x src 10.0.0.300",
+            "src 10.0.0.1 dev",
+        ] {
             assert_eq!(parse_route(bad), None, "{bad:?}");
         }
     }

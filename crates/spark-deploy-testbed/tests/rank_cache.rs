@@ -831,25 +831,62 @@ fn tampered(tensor: &str, edit: impl Fn(&mut Value)) -> tempfile::TempDir {
 fn a_shard_whose_dtype_or_shape_was_changed_consistently_is_refused() {
     let o = opts();
     // Each edit keeps the tensor's byte length, so the shard's header is valid safetensors.
-    let cases: [(&str, fn(&mut Value), &str); 7] = [
-        ("layers.0.attn_norm.weight", |t| t["dtype"] = "F16".into(), "expects BF16"),
-        ("embed.weight", |t| t["shape"] = serde_json::json!([512, 512]), "config.json makes it [1024, 256]"),
-        ("embed.weight", |t| {
-            t["dtype"] = "F32".into();
-            t["shape"] = serde_json::json!([1024, 128]);
-        }, "config.json makes it [1024, 256]"),
-        ("layers.1.ffn.gate.bias", |t| t["dtype"] = "BF16".into(), "only F16 → F32 widening"),
-        ("layers.1.attn.wq_a.trellis", |t| {
-            let s = t["shape"].as_array().unwrap().clone();
-            let (k, n, w) = (s[0].as_u64().unwrap(), s[1].as_u64().unwrap(), s[2].as_u64().unwrap());
-            t["shape"] = serde_json::json!([k, n * 3, w / 3]);
-        }, "config.json makes N 128"),
-        ("layers.1.attn.wq_a.trellis", |t| {
-            let s = t["shape"].as_array().unwrap().clone();
-            let (k, n, w) = (s[0].as_u64().unwrap(), s[1].as_u64().unwrap(), s[2].as_u64().unwrap());
-            t["shape"] = serde_json::json!([k, n * 2, w / 2]);
-        }, "words per tile"),
-        ("layers.1.attn.wq_a.svh", |t| t["shape"] = serde_json::json!([t["shape"][0].as_u64().unwrap() / 2, 2]), "float16 vectors"),
+    type Edit = fn(&mut Value);
+    let cases: [(&str, Edit, &str); 7] = [
+        (
+            "layers.0.attn_norm.weight",
+            |t| t["dtype"] = "F16".into(),
+            "expects BF16",
+        ),
+        (
+            "embed.weight",
+            |t| t["shape"] = serde_json::json!([512, 512]),
+            "config.json makes it [1024, 256]",
+        ),
+        (
+            "embed.weight",
+            |t| {
+                t["dtype"] = "F32".into();
+                t["shape"] = serde_json::json!([1024, 128]);
+            },
+            "config.json makes it [1024, 256]",
+        ),
+        (
+            "layers.1.ffn.gate.bias",
+            |t| t["dtype"] = "BF16".into(),
+            "only F16 → F32 widening",
+        ),
+        (
+            "layers.1.attn.wq_a.trellis",
+            |t| {
+                let s = t["shape"].as_array().unwrap().clone();
+                let (k, n, w) = (
+                    s[0].as_u64().unwrap(),
+                    s[1].as_u64().unwrap(),
+                    s[2].as_u64().unwrap(),
+                );
+                t["shape"] = serde_json::json!([k, n * 3, w / 3]);
+            },
+            "config.json makes N 128",
+        ),
+        (
+            "layers.1.attn.wq_a.trellis",
+            |t| {
+                let s = t["shape"].as_array().unwrap().clone();
+                let (k, n, w) = (
+                    s[0].as_u64().unwrap(),
+                    s[1].as_u64().unwrap(),
+                    s[2].as_u64().unwrap(),
+                );
+                t["shape"] = serde_json::json!([k, n * 2, w / 2]);
+            },
+            "words per tile",
+        ),
+        (
+            "layers.1.attn.wq_a.svh",
+            |t| t["shape"] = serde_json::json!([t["shape"][0].as_u64().unwrap() / 2, 2]),
+            "float16 vectors",
+        ),
     ];
     for (tensor, edit, says) in cases {
         let d = tampered(tensor, edit);
@@ -904,7 +941,10 @@ fn checksums_recorded_at_build_catch_every_flipped_byte_without_the_checkpoint()
             .iter()
             .find(|e| e.row.offset <= at && at < e.row.offset + e.row.bytes)
             .unwrap();
-        assert!(key.contains(&e.row.key) || key.contains(" … "), "byte {at}: {err}");
+        assert!(
+            key.contains(&e.row.key) || key.contains(" … "),
+            "byte {at}: {err}"
+        );
         assert!(problem.contains("CRC-32"), "{problem}");
     }
     // The checkpoint is not read at this level: it verifies with the model directory gone.
@@ -912,7 +952,14 @@ fn checksums_recorded_at_build_catch_every_flipped_byte_without_the_checkpoint()
     let moved = tempfile::tempdir().unwrap();
     let plan_elsewhere = plan_rank_cache(model, 1, 2, &o).unwrap();
     drop(moved);
-    verify_rank_cache(&plan_elsewhere, &f, VerifyLevel::Checksums, &o, &mut no_progress()).unwrap();
+    verify_rank_cache(
+        &plan_elsewhere,
+        &f,
+        VerifyLevel::Checksums,
+        &o,
+        &mut no_progress(),
+    )
+    .unwrap();
     // A sidecar without checksums (an older build): the level falls back to byte for byte.
     let side_path = spark_deploy_core::engine::tensorfold::inputs::sidecar_path(&f);
     let mut old = side.clone();
@@ -921,7 +968,10 @@ fn checksums_recorded_at_build_catch_every_flipped_byte_without_the_checkpoint()
     let mut bytes = good.clone();
     bytes[(n / 2) as usize] ^= 0x80;
     std::fs::write(&f, &bytes).unwrap();
-    let err = verify_rank_cache(&plan, &f, VerifyLevel::Checksums, &o, &mut no_progress())
-        .unwrap_err();
-    assert!(err.to_string().contains("differs from the checkpoint"), "{err}");
+    let err =
+        verify_rank_cache(&plan, &f, VerifyLevel::Checksums, &o, &mut no_progress()).unwrap_err();
+    assert!(
+        err.to_string().contains("differs from the checkpoint"),
+        "{err}"
+    );
 }

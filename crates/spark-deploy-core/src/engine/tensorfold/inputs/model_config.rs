@@ -250,9 +250,7 @@ impl Fields<'_> {
     fn ids(&self, key: &str) -> Result<Vec<usize>, ModelConfigError> {
         self.uints(key, Some(8))?
             .into_iter()
-            .map(|v| {
-                usize::try_from(v).map_err(|_| self.invalid(key, "holds an id above usize"))
-            })
+            .map(|v| usize::try_from(v).map_err(|_| self.invalid(key, "holds an id above usize")))
             .collect()
     }
     fn object(&self, key: &str) -> Result<&Map<String, Value>, ModelConfigError> {

@@ -278,7 +278,11 @@ pub fn plan(
     let d = c.hidden;
     let hc_rows = mul("(2 + hc_mult) × hc_mult", c.hc.saturating_add(2), c.hc)?;
     let hc_cols = mul("hc_mult × hidden_size", c.hc, d)?;
-    let indexer_n = mul("index_n_heads × index_head_dim", c.index_heads, c.index_head_dim)?;
+    let indexer_n = mul(
+        "index_n_heads × index_head_dim",
+        c.index_heads,
+        c.index_head_dim,
+    )?;
     let bf16 = None;
 
     let mut b = Builder { out: Vec::new() };
@@ -435,13 +439,7 @@ pub fn plan(
             block(&mut b, &format!("mtp.{j}"), c.layers + j, c.draft_experts);
         }
         let last = format!("mtp.{}", c.draft_layers - 1);
-        b.exl3(
-            "mtp.0.main_proj",
-            None,
-            None,
-            Some(main_proj_k),
-            Some(d),
-        );
+        b.exl3("mtp.0.main_proj", None, None, Some(main_proj_k), Some(d));
         b.plain("mtp.0.main_norm.weight".into(), bf16, vec![d]);
         b.plain(format!("{last}.norm.weight"), bf16, vec![d]);
         let markov = vec![c.vocab, c.markov_rank];

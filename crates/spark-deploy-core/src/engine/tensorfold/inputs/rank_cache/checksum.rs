@@ -105,7 +105,8 @@ pub(super) fn verify_checksums(
                         }
                         let start = i * block;
                         let len = usize::try_from(block.min(total - start)).unwrap_or(0);
-                        f.read_exact_at(&mut buf[..len], start).map_err(io("read"))?;
+                        f.read_exact_at(&mut buf[..len], start)
+                            .map_err(io("read"))?;
                         if crc32fast::hash(&buf[..len]) != sums.crc32[i as usize] {
                             stop.store(true, Ordering::Relaxed);
                             return Err(block_mismatch(plan, path, start, start + len as u64));
@@ -116,7 +117,10 @@ pub(super) fn verify_checksums(
             })
             .collect();
         let mut cancelled = false;
-        while !workers.iter().all(std::thread::ScopedJoinHandle::is_finished) {
+        while !workers
+            .iter()
+            .all(std::thread::ScopedJoinHandle::is_finished)
+        {
             std::thread::sleep(std::time::Duration::from_millis(20));
             if !cancelled && report(plan, done.load(Ordering::Relaxed), progress).is_err() {
                 cancelled = true;
@@ -198,6 +202,9 @@ mod tests {
             let side = serde_json::json!({ SIDECAR_KEY: broken });
             assert_eq!(BlockChecksums::from_sidecar(&side, 16), None, "{side}");
         }
-        assert_eq!(BlockChecksums::from_sidecar(&serde_json::json!({}), 16), None);
+        assert_eq!(
+            BlockChecksums::from_sidecar(&serde_json::json!({}), 16),
+            None
+        );
     }
 }

@@ -169,8 +169,8 @@ pub fn plan_rank_cache(
             problem,
         };
         let (dtype, shape, source) = resolve(&w, t, &checkpoint).map_err(layout)?;
-        let bytes = crate::safetensors_header::tensor_bytes(&shape, dtype.size() * 8)
-            .map_err(layout)?;
+        let bytes =
+            crate::safetensors_header::tensor_bytes(&shape, dtype.size() * 8).map_err(layout)?;
         let end = at
             .checked_add(bytes)
             .ok_or_else(|| layout(format!("the data section passes 2^64 bytes at {at}")))?;
