@@ -150,6 +150,11 @@ pub fn tensor_bytes(shape: &[usize], bits: usize) -> Result<u64, String> {
         .iter()
         .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
         .ok_or_else(|| format!("shape {shape:?} has more than 2^64 elements"))?;
+    if bits.is_multiple_of(8) {
+        return elements
+            .checked_mul(bits as u64 / 8)
+            .ok_or_else(|| format!("shape {shape:?} holds more than 2^64 bytes"));
+    }
     let total_bits = elements
         .checked_mul(bits as u64)
         .ok_or_else(|| format!("shape {shape:?} holds more than 2^64 bits"))?;
@@ -368,5 +373,56 @@ mod tests {
         assert_eq!(header_len(&16u64.to_le_bytes(), None), Ok(16));
         assert!(header_len(&(MAX_HEADER_LEN + 1).to_le_bytes(), None).is_err());
         assert_eq!(header_len(&[1, 2], None), Err(HeaderError::TooShort(2)));
+    }
+
+    #[test]
+    fn sizes_are_checked_in_64_bits_and_zero_size_shapes_are_empty() {
+        // A legitimate empty tensor whose other dimensions multiply past 2^64.
+        let b = file(
+            &[("z", "F32", &[1 << 62, 4, 0], 0), ("t", "U8", &[3], 3)],
+            None,
+        );
+        let (h, _) = read_bytes(&b).unwrap();
+        assert_eq!(h.tensors[0].name, "z");
+        assert_eq!(h.tensors[0].data_offsets, (0, 0));
+        assert_eq!(tensor_bytes(&[1 << 62, 4, 0], 32), Ok(0));
+        assert_eq!(tensor_bytes(&[], 16), Ok(2), "a scalar");
+        assert_eq!(
+            tensor_bytes(&[3, 5], 4),
+            Err("shape [3, 5] of 4-bit elements does not end on a byte".into())
+        );
+        // Element counts and bit counts past 2^64 are refused naming the tensor, in debug and
+        // release alike.
+        for (shape, needle) in [
+            (vec![1usize << 32, 1 << 32, 2], "more than 2^64 elements"),
+            (vec![1usize << 62, 2], "more than 2^64 bytes"),
+        ] {
+            let shape_text: Vec<String> = shape.iter().map(ToString::to_string).collect();
+            let json = format!(
+                r#"{{"big":{{"dtype":"F32","shape":[{}],"data_offsets":[0,0]}}}}"#,
+                shape_text.join(",")
+            );
+            let e = parse(json.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("tensor `big`") && e.contains(needle), "{e}");
+        }
+        // A data section that ends past 2^64 bytes with the header in front of it.
+        let json = format!(
+            r#"{{"t":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}}"#,
+            u64::MAX,
+            u64::MAX
+        );
+        let e = parse(json.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("exceed 2^64 bytes"), "{e}");
+        let json = format!(
+            r#"{{"t":{{"dtype":"U8","shape":[2],"data_offsets":[{},{}]}}}}"#,
+            u64::MAX - 1,
+            u64::MAX
+        );
+        assert!(
+            parse(json.as_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("tensor `t`")
+        );
     }
 }

@@ -286,4 +286,37 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Fail);
         assert!(remedy(r).contains("df -Pk /data/spark-deploy"), "{r:?}");
     }
+
+    #[test]
+    fn free_space_and_missing_sums_past_2_to_the_64_never_wrap() {
+        let max_kib = u64::MAX / 1024;
+        let line = |k: u64| format!("/dev/x 1 2 {k} 3% /\n");
+        assert_eq!(
+            df_free_bytes(&line(max_kib)),
+            Some(("/".into(), max_kib * 1024))
+        );
+        assert_eq!(df_free_bytes(&line(max_kib + 1)), None);
+        assert_eq!(df_free_bytes(&line(u64::MAX)), None);
+        // Two missing files of 2^63 bytes each: more than any disk, not a wrapped small number.
+        let (a, _b) = pair();
+        let mut h = healthy(0, &a);
+        h.disks = vec![DiskFacts {
+            dir: "/data/spark-deploy".into(),
+            df: Ok(line(1 << 40)),
+            missing: vec![
+                Missing {
+                    what: "a".into(),
+                    bytes: 1 << 63,
+                },
+                Missing {
+                    what: "b".into(),
+                    bytes: 1 << 63,
+                },
+            ],
+            linked_from: None,
+        }];
+        let d = decide_all(&seed(), &[h]);
+        let r = row(&d, Check::Disk, "head");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
+    }
 }

@@ -596,4 +596,76 @@ pub(crate) mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn absurd_dimensions_are_refused_while_parsing_naming_the_field() {
+        for (from, to, field) in [
+            (
+                "\"n_routed_experts\": 384",
+                "\"n_routed_experts\": 1000000000",
+                "text_config.n_routed_experts",
+            ),
+            (
+                "\"num_hidden_layers\": 40",
+                "\"num_hidden_layers\": 1000000",
+                "text_config.num_hidden_layers",
+            ),
+            (
+                "\"hidden_size\": 5120",
+                "\"hidden_size\": 18446744073709551615",
+                "text_config.hidden_size",
+            ),
+            (
+                "\"max_position_embeddings\": 1048576",
+                "\"max_position_embeddings\": 9223372036854775807",
+                "text_config.max_position_embeddings",
+            ),
+            (
+                "\"qk_rope_head_dim\": 64",
+                "\"qk_rope_head_dim\": 4294967296",
+                "text_config.qk_rope_head_dim",
+            ),
+            (
+                "\"engram_num_embeddings\": [384006168, 384016682]",
+                "\"engram_num_embeddings\": [1, 2, 3]",
+                "text_config.engram_num_embeddings",
+            ),
+            (
+                "\"engram_num_embeddings\": [384006168, 384016682]",
+                "\"engram_num_embeddings\": [2199023255553, 1]",
+                "text_config.engram_num_embeddings",
+            ),
+            (
+                "\"bos_token_id\": 0",
+                "\"bos_token_id\": 4294967297",
+                "bos_token_id",
+            ),
+        ] {
+            assert!(FLASH.contains(from), "{from}");
+            let text = FLASH.replace(from, to);
+            let e = ModelConfig::parse(Path::new("c.json"), text.as_bytes()).unwrap_err();
+            assert!(
+                matches!(&e, ModelConfigError::Invalid { field: f, .. } if f == field),
+                "{to}: {e}"
+            );
+            assert!(e.to_string().contains(field), "{e}");
+        }
+        // Layers and experts each within their limits, but too many expert blocks together.
+        let text = FLASH
+            .replace("\"num_hidden_layers\": 40", "\"num_hidden_layers\": 200")
+            .replace("\"n_routed_experts\": 384", "\"n_routed_experts\": 4000");
+        let e = ModelConfig::parse(Path::new("c.json"), text.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("expert blocks"), "{e}");
+        // A million compress ratios are refused by their count, before they are collected.
+        let ratios = vec!["0"; 1_000_000].join(",");
+        let text = FLASH.replace(
+            "\"compress_ratios\": [0,0,2",
+            &format!("\"compress_ratios\": [{ratios},0,0,2"),
+        );
+        let e = ModelConfig::parse(Path::new("c.json"), text.as_bytes()).unwrap_err();
+        assert!(
+            e.to_string().contains("compress_ratios") && e.to_string().contains("at most 43"),
+            "{e}"
+        );
+    }
 }

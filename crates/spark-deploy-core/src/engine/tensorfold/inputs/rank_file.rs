@@ -464,4 +464,54 @@ mod tests {
             assert!(parse_index(bad.as_bytes(), 16).is_err(), "{bad}");
         }
     }
+
+    #[test]
+    fn footer_and_row_arithmetic_is_checked() {
+        let tail = |at: u64| {
+            let mut t = [0u8; 16];
+            t[..8].copy_from_slice(&at.to_le_bytes());
+            t[8..].copy_from_slice(MAGIC);
+            t
+        };
+        assert_eq!(locate_index(40, &tail(10)), Ok((10, 14)));
+        assert_eq!(locate_index(16, &tail(0)), Ok((0, 0)));
+        assert!(locate_index(15, &tail(0)).is_err());
+        for at in [25, u64::MAX, 1 << 63] {
+            assert!(
+                locate_index(40, &tail(at))
+                    .unwrap_err()
+                    .contains("does not fit"),
+                "{at}"
+            );
+        }
+        let big = MAX_INDEX_BYTES + 17;
+        assert!(
+            locate_index(big + 16, &tail(0))
+                .unwrap_err()
+                .contains("more than")
+        );
+        let mut bad = tail(0);
+        bad[15] = b'2';
+        assert!(locate_index(40, &bad).unwrap_err().contains("TFDSRK01"));
+        // An empty tensor whose dimensions multiply past 2^64 is legitimate.
+        let rows = parse_index(
+            br#"[["z", "float32", [4611686018427387904, 4, 0], 0, 0], ["a", "uint8", [2], 0, 2]]"#,
+            2,
+        )
+        .unwrap();
+        assert_eq!(rows[0].bytes, 0);
+        // A row whose end passes 2^64 is refused naming it (it overflowed in debug builds).
+        let e = parse_index(
+            br#"[["a", "uint8", [8], 0, 8], ["b", "uint8", [18446744073709551615], 8, 18446744073709551615]]"#,
+            16,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("row 1 (b)") && e.contains("past the data section"),
+            "{e}"
+        );
+        let e =
+            parse_index(br#"[["a", "float32", [4611686018427387904, 4], 0, 0]]"#, 16).unwrap_err();
+        assert!(e.contains("row 0 (a)") && e.contains("2^64"), "{e}");
+    }
 }

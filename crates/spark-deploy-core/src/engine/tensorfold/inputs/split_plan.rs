@@ -559,4 +559,24 @@ mod tests {
             Err(SplitPlanError::Indivisible { .. })
         ));
     }
+
+    #[test]
+    fn products_of_dimensions_are_checked_naming_them() {
+        // A config built in memory (not parsed: parsing bounds every dimension).
+        let mut c = flash();
+        c.heads = usize::MAX / 2 + 1;
+        c.head_dim = 4;
+        let e = plan(&c, 0, 2, true).unwrap_err();
+        assert!(
+            matches!(e, SplitPlanError::Overflow { what, .. } if what.contains("head_dim")),
+            "{e}"
+        );
+        let mut c = flash();
+        c.engram_heads = usize::MAX / 2;
+        let e = plan(&c, 0, 2, true).unwrap_err();
+        assert!(e.to_string().contains("engram"), "{e}");
+        let mut c = flash();
+        c.hidden = usize::MAX / 2;
+        assert!(plan(&c, 0, 2, true).is_err());
+    }
 }
