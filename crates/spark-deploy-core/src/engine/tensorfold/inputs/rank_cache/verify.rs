@@ -30,8 +30,10 @@ pub enum VerifyLevel {
 ///
 /// # Errors
 /// [`RankCacheError::RankFile`] when the file is missing, several, or breaks a reader rule;
-/// [`RankCacheError::Mismatch`] naming the first entry that differs from the plan (or, at
-/// [`VerifyLevel::Bytes`], from the checkpoint); I/O errors; [`RankCacheError::Cancelled`].
+/// [`RankCacheError::Mismatch`] naming the first entry that differs from the plan (at
+/// [`VerifyLevel::Checksums`], the first block whose CRC-32 differs from the one recorded at build;
+/// at [`VerifyLevel::Bytes`], the first byte that differs from the checkpoint); I/O errors;
+/// [`RankCacheError::Cancelled`].
 pub fn verify_rank_cache(
     plan: &RankCachePlan,
     file: &Path,
