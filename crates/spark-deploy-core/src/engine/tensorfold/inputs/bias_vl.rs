@@ -145,7 +145,7 @@ pub fn write_bias_vl(original_dir: &Path, out: &Path) -> Result<BiasVlReport, Bi
                 ),
             });
         }
-        let mut data = vec![0; usize::try_from(t.len).unwrap_or(0)];
+        let mut data = vec![0; t.len as usize];
         let f = File::open(&h.shard.path).map_err(|source| BiasVlError::Io {
             path: h.shard.path.clone(),
             source,

@@ -44,12 +44,12 @@ pub fn build_rank_cache(
             existing,
         });
     }
-    let partial = out_dir.join(rank_file::partial_name(plan.rank, plan.world));
-    let out = File::create(&partial).map_err(io("create", &partial))?;
     // Every chunk's CRC-32, taken from the buffer it is written from (see `checksum`).
     let block = chunk_len(opts);
     let blocks = usize::try_from(plan.data_bytes.div_ceil(block)).unwrap_or(usize::MAX);
     let crcs = std::sync::Mutex::new(Vec::new());
+    let partial = out_dir.join(rank_file::partial_name(plan.rank, plan.world));
+    let out = File::create(&partial).map_err(io("create", &partial))?;
     let result = (|| {
         out.set_len(plan.file_len()).map_err(io("size", &partial))?;
         crcs.lock()
@@ -108,6 +108,10 @@ pub fn build_rank_cache(
             }
         }
     }
+    let sums = BlockChecksums {
+        block_bytes: block,
+        crc32: crcs.into_inner().unwrap_or_default(),
+    };
     let dest = out_dir.join(&plan.file_name);
     std::fs::rename(&partial, &dest).map_err(io("rename", &partial))?;
     let side = sidecar_path(&dest);
@@ -115,10 +119,6 @@ pub fn build_rank_cache(
         ".{}.partial",
         side.file_name().unwrap_or_default().to_string_lossy()
     ));
-    let sums = BlockChecksums {
-        block_bytes: block,
-        crc32: crcs.into_inner().unwrap_or_default(),
-    };
     std::fs::write(
         &side_tmp,
         plan.sidecar_json(
