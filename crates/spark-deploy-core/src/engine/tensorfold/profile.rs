@@ -212,7 +212,8 @@ impl Engine for TensorfoldDsv41 {
         facts: &DeploymentFacts,
         rank: &str,
     ) -> Option<Vec<String>> {
-        // `spark-deploy rank-cache verify MODEL_DIR OUT_DIR RANK WORLD`, as BuildRankCache checks.
+        // `spark-deploy rank-cache verify MODEL_DIR OUT_DIR RANK WORLD --checksums`, as
+        // BuildRankCache checks before a launch (every data block against its build-time CRC-32).
         let c = config.config();
         let mut argv = vec![
             "rank-cache".to_owned(),
@@ -225,6 +226,7 @@ impl Engine for TensorfoldDsv41 {
             launch::paths::RANK_CACHE.to_owned(),
             rank.to_owned(),
             c.nodes.len().to_string(),
+            "--checksums".to_owned(),
         ];
         if !c.engine.shape_guard {
             argv.push("--test-scale".to_owned());
