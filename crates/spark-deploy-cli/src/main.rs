@@ -85,7 +85,7 @@ enum Command {
     /// The ranks' engine logs (timestamps), newest lines.
     Logs(commands::inspect::LogsArgs),
     /// Prepare the current config while the pair serves (preflight, inputs, storage, image), then
-    /// stop both ranks and start both; a failure before the stop leaves the pair serving.
+    /// stop every rank and start them all; a failure before the stop leaves the pair serving.
     Restart(commands::run::RunArgs),
     /// Prepare this config (`--config NEW`) beside the serving generation while it serves, switch
     /// to it, check it (smoke, validate, a short bench against the old figures) and keep it — or
@@ -113,7 +113,7 @@ enum Command {
     /// Deploy onto the testbed (two Sparks on this machine) in one command.
     #[cfg(feature = "testbed")]
     Demo,
-    /// Supervise the running pair: samples every node, heals both ranks or neither (see
+    /// Supervise the running pair: samples every node, heals all ranks or none (see
     /// docs/operations.md, "Watch"); `watch pause 30m`, `watch resume`.
     Watch(commands::watch::WatchArgs),
     /// Run the whole deployment: preflight, fetch, rank inputs, worker storage, image, launch, smoke.
