@@ -118,6 +118,21 @@ pub enum EngineProfileName {
     /// TensorFold's native Zig `dsv41` engine, TP=2 (docs/engine-contract.md).
     #[serde(rename = "tensorfold-dsv41")]
     TensorfoldDsv41,
+    /// The same engine from its TP=4 branch: two or four nodes (docs/engine-contract.md, the TP=4
+    /// notes).
+    #[serde(rename = "tensorfold-dsv41-tp4")]
+    TensorfoldDsv41Tp4,
+}
+
+impl EngineProfileName {
+    /// The name as the configuration writes it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TensorfoldDsv41 => "tensorfold-dsv41",
+            Self::TensorfoldDsv41Tp4 => "tensorfold-dsv41-tp4",
+        }
+    }
 }
 
 /// Worker storage mode.

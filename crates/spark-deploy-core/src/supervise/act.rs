@@ -1,4 +1,4 @@
-//! Acting on the pair, both ranks or neither: save both ranks' logs, stop rank 0 then rank 1 (the
+//! Acting on the ranks, all or none: save every rank's log, stop rank 0 then the followers (the
 //! `down` plan), and by policy start rank 1 then rank 0 and smoke (the `up` plan). The plans do
 //! the work; this module only orders them and keeps what was seen.
 

@@ -4,8 +4,10 @@
 //! behind a per-run random token ([`server`]); each worker pulls with `curl` through its Exec port,
 //! several files in parallel, resuming `.partial` files, and verifies size and sha256 before the
 //! rename ([`pull`]). A manifest of verified files on the worker makes an up-to-date re-run move
-//! nothing. The token travels on the SSH session's stdin, never in argv.
+//! nothing. The token travels on the SSH session's stdin, never in argv. Several workers are fed at
+//! once ([`fan_out`]).
 
+pub mod fan_out;
 pub mod ownership;
 pub mod pull;
 pub mod server;

@@ -118,7 +118,11 @@ fn save_cache(path: &Path, cache: &HashMap<String, String>) {
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let tmp = path.with_extension("partial");
+    // Transfers to several workers run at once: each writes its own partial file (created
+    // exclusively, never through a planted link), and the last rename wins with a complete cache.
+    static WRITER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("{}.{n}.partial", std::process::id()));
     if crate::safe_fs::write_exclusive(&tmp, text).is_ok() {
         let _ = std::fs::rename(&tmp, path);
     }
@@ -139,6 +143,32 @@ pub struct TransferProgress<'a> {
     pub file_done: u64,
     /// Its size.
     pub file_total: u64,
+}
+
+/// The sha256 of every head file in `sources`, in order, from `hash_cache` (by path, size and
+/// mtime) or read now and recorded there; computed off the async threads. Warming the cache once
+/// for the files several transfers share spares each of them the reading.
+///
+/// # Errors
+///
+/// [`TransferError::Source`] naming a file that cannot be read.
+pub async fn source_hashes(
+    sources: Vec<PathBuf>,
+    hash_cache: &Path,
+) -> Result<Vec<String>, TransferError> {
+    let cache_path = hash_cache.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut cache = load_cache(&cache_path);
+        let r: Result<Vec<String>, TransferError> =
+            sources.iter().map(|p| head_sha(p, &mut cache)).collect();
+        save_cache(&cache_path, &cache);
+        r
+    })
+    .await
+    .map_err(|e| TransferError::Source {
+        path: hash_cache.to_owned(),
+        source: std::io::Error::other(e),
+    })?
 }
 
 /// How often files in flight are reported.
@@ -169,20 +199,7 @@ pub async fn transfer(
         detail,
     };
     // Head hashes (cached), computed off the async threads.
-    let cache_path = hash_cache.to_owned();
-    let sources: Vec<PathBuf> = jobs.iter().map(|j| j.from.clone()).collect();
-    let hashes = tokio::task::spawn_blocking(move || {
-        let mut cache = load_cache(&cache_path);
-        let r: Result<Vec<String>, TransferError> =
-            sources.iter().map(|p| head_sha(p, &mut cache)).collect();
-        save_cache(&cache_path, &cache);
-        r
-    })
-    .await
-    .map_err(|e| TransferError::Source {
-        path: hash_cache.to_owned(),
-        source: std::io::Error::other(e),
-    })??;
+    let hashes = source_hashes(jobs.iter().map(|j| j.from.clone()).collect(), hash_cache).await?;
     // What the worker already holds, verified (pulls append, so a later line for a path wins).
     let recorded: HashMap<String, (u64, String, String)> = match exec.read_file(manifest).await {
         Ok(b) => String::from_utf8_lossy(&b)
