@@ -958,6 +958,70 @@ fn a_shard_whose_dtype_or_shape_was_changed_consistently_is_refused() {
     assert!(err.to_string().contains("config.json makes K 256"), "{err}");
 }
 
+/// What `up` uses: every block when the file changed since its last full check (any write moves
+/// its ctime), else the first, the last and a sample — so only damage beneath the file system
+/// (the stamp unchanged) can slip past a stamped check, and only outside the sample.
+#[test]
+fn a_stamped_check_reads_every_block_after_a_change_and_a_sample_otherwise() {
+    use spark_deploy_core::engine::tensorfold::inputs::rank_cache::stamp;
+    let model = small();
+    let out = tempfile::tempdir().unwrap();
+    let mut o = opts();
+    o.chunk_bytes = 4096;
+    let plan = plan_rank_cache(model, 0, 2, &o).unwrap();
+    let f = build_rank_cache(&plan, out.path(), &o, &mut no_progress()).unwrap();
+    let blocks = plan.data_bytes.div_ceil(4096);
+    assert!(blocks > 4 * (stamp::SAMPLE_BLOCKS + 2), "{blocks} blocks");
+    let stamped =
+        |f: &Path| verify_rank_cache(&plan, f, VerifyLevel::Stamped, &o, &mut no_progress());
+    assert!(stamp::read(&f).is_none());
+    stamped(&f).unwrap();
+    assert!(stamp::read(&f).is_some(), "a full check records the stamp");
+    let good = std::fs::read(&f).unwrap();
+    // A flipped byte anywhere, written through the file system: the stamp no longer matches,
+    // every block is read, the byte is found and the stamp is forgotten.
+    for at in [
+        1,
+        plan.data_bytes / 3,
+        plan.data_bytes / 2 + 77,
+        plan.data_bytes - 1,
+    ] {
+        let mut bytes = good.clone();
+        bytes[at as usize] ^= 0x10;
+        std::fs::write(&f, &bytes).unwrap();
+        let err = stamped(&f).unwrap_err();
+        assert!(err.to_string().contains("CRC-32"), "byte {at}: {err}");
+        assert!(stamp::read(&f).is_none(), "byte {at}: stamp forgotten");
+        std::fs::write(&f, &good).unwrap();
+        stamped(&f).unwrap();
+    }
+    // Damage the file system never saw (the stamp re-recorded over it): the first and the last
+    // block are always read; a block outside the sample passes the stamped check, and the full
+    // one (`rank-cache verify --checksums`) finds it.
+    let unseen = |at: u64| {
+        let mut bytes = good.clone();
+        bytes[at as usize] ^= 0x10;
+        std::fs::write(&f, &bytes).unwrap();
+        stamp::write(&f, &stamp::Stamp::of(&std::fs::metadata(&f).unwrap())).unwrap();
+    };
+    unseen(0);
+    assert!(stamped(&f).is_err(), "the first block is always read");
+    unseen(plan.data_bytes - 1);
+    assert!(stamped(&f).is_err(), "the last block is always read");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let sampled: std::collections::HashSet<u64> = [seed, seed + 1, seed + 2]
+        .iter()
+        .flat_map(|&s| stamp::sample(blocks, s))
+        .collect();
+    let outside = (1..blocks - 1).find(|b| !sampled.contains(b)).unwrap();
+    unseen(outside * 4096 + 5);
+    stamped(&f).unwrap();
+    assert!(verify_rank_cache(&plan, &f, VerifyLevel::Checksums, &o, &mut no_progress()).is_err());
+}
+
 #[test]
 fn checksums_recorded_at_build_catch_every_flipped_byte_without_the_checkpoint() {
     let model = small();

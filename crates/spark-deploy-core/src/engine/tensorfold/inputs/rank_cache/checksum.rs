@@ -73,6 +73,7 @@ pub(super) fn verify_checksums(
     plan: &RankCachePlan,
     path: &Path,
     sums: &BlockChecksums,
+    only: Option<&[u64]>,
     threads: usize,
     progress: ProgressFn<'_>,
 ) -> Result<(), RankCacheError> {
@@ -87,7 +88,10 @@ pub(super) fn verify_checksums(
     let f = File::open(path).map_err(io("open"))?;
     let total = plan.data_bytes;
     let block = sums.block_bytes;
-    let n = sums.crc32.len() as u64;
+    // The blocks to read: every one, or the given ones (a stamped check's sample).
+    let all = sums.crc32.len() as u64;
+    let n = only.map_or(all, |o| o.len() as u64);
+    let block_at = |k: u64| only.map_or(Some(k), |o| o.get(k as usize).copied());
     let next = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
@@ -99,10 +103,13 @@ pub(super) fn verify_checksums(
                 scope.spawn(move || -> Result<(), RankCacheError> {
                     let mut buf = vec![0u8; buf_len];
                     loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= n || stop.load(Ordering::Relaxed) {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= n || stop.load(Ordering::Relaxed) {
                             return Ok(());
                         }
+                        let Some(i) = block_at(k).filter(|&i| i < all) else {
+                            continue;
+                        };
                         let start = i * block;
                         let len = usize::try_from(block.min(total - start)).unwrap_or(0);
                         f.read_exact_at(&mut buf[..len], start)

@@ -26,6 +26,7 @@ mod build;
 pub mod checksum;
 mod copy;
 mod plan;
+pub mod stamp;
 mod verify;
 
 pub use build::{build_rank_cache, read_sidecar, sidecar_path};

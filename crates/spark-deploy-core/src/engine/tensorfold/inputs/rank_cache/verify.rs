@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use super::checksum::{BlockChecksums, verify_checksums};
 use super::copy::for_each_chunk;
 use super::plan::RankCachePlan;
+use super::stamp;
 use super::{ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase};
 use crate::engine::tensorfold::inputs::rank_file;
 
@@ -19,6 +20,11 @@ pub enum VerifyLevel {
     /// one read of the rank file, not of the checkpoint (see `checksum`). A file whose sidecar
     /// records no checksums (built by an older version) is checked at [`VerifyLevel::Bytes`].
     Checksums,
+    /// [`VerifyLevel::Checksums`] when the file changed since its last full check (its stamp:
+    /// device, inode, size, mtime, ctime), else the index plus the first, the last and a moving
+    /// sample of blocks: constant-time in the file's size, what `up` uses before launch (see
+    /// `stamp`).
+    Stamped,
     /// The index, plus every data byte against the checkpoint.
     Bytes,
 }
@@ -111,12 +117,12 @@ pub fn verify_rank_cache(
         ));
     }
     let level = match level {
-        VerifyLevel::Checksums => {
+        VerifyLevel::Checksums | VerifyLevel::Stamped => {
             match super::read_sidecar(&path)
                 .and_then(|side| BlockChecksums::from_sidecar(&side, plan.data_bytes))
             {
                 Some(sums) => {
-                    verify_checksums(plan, &path, &sums, opts.threads, progress)?;
+                    checked_against(plan, &path, &sums, level, opts.threads, progress)?;
                     return Ok(path);
                 }
                 None => VerifyLevel::Bytes,
@@ -157,4 +163,41 @@ pub fn verify_rank_cache(
         for_each_chunk(plan, opts, RankCachePhase::Verify, progress, &sink)?;
     }
     Ok(path)
+}
+
+/// Checks `path`'s blocks against `sums`: all of them, or at [`VerifyLevel::Stamped`] with the
+/// stamp of the last full check unchanged, a sample. A full check that passes records the stamp;
+/// a failed check forgets it.
+fn checked_against(
+    plan: &RankCachePlan,
+    path: &Path,
+    sums: &BlockChecksums,
+    level: VerifyLevel,
+    threads: usize,
+    progress: ProgressFn<'_>,
+) -> Result<(), RankCacheError> {
+    let now = crate::safe_fs::open_regular(path)
+        .and_then(|f| f.metadata())
+        .map(|m| stamp::Stamp::of(&m))
+        .map_err(|source| RankCacheError::Io {
+            rank: plan.rank,
+            op: "stat",
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let unchanged = level == VerifyLevel::Stamped && stamp::read(path) == Some(now);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let sample = unchanged.then(|| stamp::sample(sums.crc32.len() as u64, seed));
+    let checked = verify_checksums(plan, path, sums, sample.as_deref(), threads, progress);
+    match (&checked, unchanged) {
+        (Err(_), _) => stamp::clear(path),
+        // Best effort: without a stamp the next check reads every block again.
+        (Ok(()), false) => {
+            let _ = stamp::write(path, &now);
+        }
+        (Ok(()), true) => {}
+    }
+    checked
 }
