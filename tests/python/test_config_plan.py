@@ -72,3 +72,27 @@ def test_stub_lists_exactly_the_module_names():
     stub = STUB.read_text()
     declared = {line.split()[1].split("(")[0].split(":")[0] for line in stub.splitlines() if line.startswith(("class ", "def "))}
     assert public == declared
+
+
+def test_four_node_config_plans_every_rank(tmp_path):
+    """The four-Spark example, unchanged: validated, planned with all four ranks (followers 3, 2, 1,
+    then rank 0), each follower given the base rendezvous port, and the same plan as the CLI's."""
+    example = ROOT / "examples" / "four-sparks.toml"
+    config = spark_deploy.Config.load(example, env={})
+    config.validate()
+    desc = spark_deploy.Plan.standard(config).describe()
+    assert desc["deployment"]["engine"] == "tensorfold-dsv41-tp4"
+    launch = next(s for s in desc["steps"] if s["step"] == "launch_rank")
+    specs = [a["detail"] for a in launch["actions"]]
+    assert [s["rank"] for s in specs] == [3, 2, 1, 0]
+    assert [a["node"] for a in launch["actions"]] == ["spark-4", "spark-3", "spark-2", "head"]
+    for s in specs[:3]:
+        assert s["argv"][3:7] == [str(s["rank"]), "4", "192.0.2.1", "29620"]
+    assert specs[3]["env"]["TF_TP_WORLD"] == "4"
+    rank_files = next(s for s in desc["steps"] if s["step"] == "build_rank_cache")
+    assert len([a for a in rank_files["actions"] if "weight file" in a["action"]]) == 4
+    exe = ROOT / "target" / "debug" / "spark-deploy"
+    if exe.exists():
+        env = {"HOME": str(pathlib.Path.home()), "PATH": "/usr/bin:/bin"}
+        cli = subprocess.run([str(exe), "--config", str(example), "plan", "--json"], cwd=tmp_path, env=env, check=True, capture_output=True)
+        assert json.loads(cli.stdout) == desc

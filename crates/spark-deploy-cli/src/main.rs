@@ -85,7 +85,7 @@ enum Command {
     /// The ranks' engine logs (timestamps), newest lines.
     Logs(commands::inspect::LogsArgs),
     /// Prepare the current config while the pair serves (preflight, inputs, storage, image), then
-    /// stop both ranks and start both; a failure before the stop leaves the pair serving.
+    /// stop every rank and start them all; a failure before the stop leaves the pair serving.
     Restart(commands::run::RunArgs),
     /// Prepare this config (`--config NEW`) beside the serving generation while it serves, switch
     /// to it, check it (smoke, validate, a short bench against the old figures) and keep it — or
@@ -110,10 +110,11 @@ enum Command {
     Validate(commands::validate::ValidateArgs),
     /// Measure decode (1/2/4 streams, prose/code/structured) and cold prefill through the API.
     Bench(commands::bench::BenchArgs),
-    /// Deploy onto the testbed (two Sparks on this machine) in one command.
+    /// Deploy onto the testbed (two Sparks on this machine, or four with `--nodes 4`) in one
+    /// command.
     #[cfg(feature = "testbed")]
-    Demo,
-    /// Supervise the running pair: samples every node, heals both ranks or neither (see
+    Demo(commands::demo::DemoArgs),
+    /// Supervise the running pair: samples every node, heals all ranks or none (see
     /// docs/operations.md, "Watch"); `watch pause 30m`, `watch resume`.
     Watch(commands::watch::WatchArgs),
     /// Run the whole deployment: preflight, fetch, rank inputs, worker storage, image, launch, smoke.
@@ -217,7 +218,7 @@ fn main() -> ExitCode {
         Command::Validate(args) => commands::validate::run(&global, &args),
         Command::Bench(args) => commands::bench::run(&global, &args),
         #[cfg(feature = "testbed")]
-        Command::Demo => commands::demo::run(&global),
+        Command::Demo(args) => commands::demo::run(&global, &args),
         Command::Watch(args) => commands::watch::run(&global, &args),
         Command::Up(args) => commands::run::run_with(&global, commands::run::Which::Up, &args),
         Command::Down(args) => commands::run::run_with(&global, commands::run::Which::Down, &args),

@@ -156,3 +156,38 @@ fn plan_snapshots() {
     insta::assert_snapshot!("plan_default_json", stdout(&json));
     insta::assert_snapshot!("plan_default_text", stdout(&text));
 }
+
+/// The four-Spark example config, unchanged: `plan` shows every rank's container, followers 3,
+/// 2, 1 and then rank 0, each follower joining its own rendezvous port.
+#[test]
+fn plan_four_nodes_snapshot() {
+    let d = tempfile::tempdir().unwrap();
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/four-sparks.toml");
+    std::fs::copy(&example, d.path().join("spark-deploy.toml")).unwrap();
+    let check = run(d.path(), &["config", "check"], &[]);
+    assert_eq!(check.status.code(), Some(0), "{}", stderr(&check));
+    let text = run(d.path(), &["plan"], &[]);
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    let out = stdout(&text);
+    let starts: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('[')?.split_once("] start rank "))
+        .map(|(_, rest)| rest)
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            "3 (dsv41-rank3)",
+            "2 (dsv41-rank2)",
+            "1 (dsv41-rank1)",
+            "0 (dsv41-rank0)"
+        ],
+        "{out}"
+    );
+    assert!(
+        out.contains("29620, 29621, 29622 (rendezvous) free"),
+        "{out}"
+    );
+    insta::assert_snapshot!("plan_four_nodes_text", out);
+}

@@ -46,7 +46,9 @@ pub struct ContainerSpec {
     pub env: BTreeMap<String, String>,
     /// Mounts.
     pub mounts: Vec<Mount>,
-    /// `host` or `container:<name>`.
+    /// `host` or `container:<name>` (a node that is itself a container, the testbed's Spark:
+    /// the rank joins its network and process namespaces, so the node's restart ends the rank as
+    /// a reboot would).
     pub network_mode: String,
     /// IPC namespace mode.
     pub ipc_mode: String,

@@ -29,9 +29,9 @@
 //! 5. [`steps`] — the typed steps, calling the engine through the trait.
 //! 6. [`plan`] — plans composed of steps; [`export`] — the plan as a Kubernetes
 //!    `LeaderWorkerSet` or per-node compose files.
-//! 7. [`run`] — running a plan: both ranks or neither, the run report.
+//! 7. [`run`] — running a plan: all ranks or none, the run report.
 //! 8. [`lifecycle`] (status and what acts on running deployments), [`supervise`] (`watch`:
-//!    samples, pure decisions, heals of both ranks or neither), [`service`] (the systemd units
+//!    samples, pure decisions, heals of all ranks or none), [`service`] (the systemd units
 //!    that bring the pair back after a reboot, and the wait they run), [`bundle`] (the support
 //!    bundle), [`validate`] and [`bench`] (what is served, and how fast, through the API),
 //!    [`upgrade`] (a new generation beside the serving one, accepted or rolled back).

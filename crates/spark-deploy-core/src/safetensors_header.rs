@@ -92,7 +92,7 @@ impl Header {
     /// Where the data section starts: `8 + N`.
     #[must_use]
     pub fn data_start(&self) -> u64 {
-        8 + self.len
+        self.len.saturating_add(8)
     }
 
     /// The data section's length.
@@ -104,7 +104,7 @@ impl Header {
     /// The length of the whole file this header describes.
     #[must_use]
     pub fn file_len(&self) -> u64 {
-        self.data_start() + self.data_len()
+        self.data_start().saturating_add(self.data_len())
     }
 }
 
@@ -126,34 +126,98 @@ pub fn header_len(prefix: &[u8], file_len: Option<u64>) -> Result<u64, HeaderErr
     Ok(len)
 }
 
-/// Parse and validate the `N` bytes of header JSON.
+/// The header JSON as written: `__metadata__` and one entry per tensor.
+#[derive(serde::Deserialize)]
+struct RawHeader {
+    #[serde(rename = "__metadata__")]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(flatten)]
+    tensors: std::collections::HashMap<String, safetensors::tensor::TensorInfo>,
+}
+
+/// The byte length of a tensor of `shape` and `bits` per element, with checked arithmetic: a shape
+/// holding a 0 is empty whatever its other dimensions (`[2^62, 4, 0]` is 0 bytes), anything that
+/// overflows 64 bits or ends mid-byte is refused.
+///
+/// # Errors
+/// What is wrong, for the caller to prefix with the tensor's name.
+pub fn tensor_bytes(shape: &[usize], bits: usize) -> Result<u64, String> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
+    let elements = shape
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+        .ok_or_else(|| format!("shape {shape:?} has more than 2^64 elements"))?;
+    if bits.is_multiple_of(8) {
+        return elements
+            .checked_mul(bits as u64 / 8)
+            .ok_or_else(|| format!("shape {shape:?} holds more than 2^64 bytes"));
+    }
+    let total_bits = elements
+        .checked_mul(bits as u64)
+        .ok_or_else(|| format!("shape {shape:?} holds more than 2^64 bits"))?;
+    if !total_bits.is_multiple_of(8) {
+        return Err(format!(
+            "shape {shape:?} of {bits}-bit elements does not end on a byte"
+        ));
+    }
+    Ok(total_bits / 8)
+}
+
+/// Parse and validate the `N` bytes of header JSON: offsets contiguous from 0 and each tensor's
+/// byte length equal to its shape times its dtype's size, all in checked 64-bit arithmetic.
 ///
 /// # Errors
 /// [`HeaderError::Parse`] naming what is wrong (bad JSON, an unknown dtype, offsets that leave a
-/// gap or overlap, a tensor whose byte length does not match its shape and dtype).
+/// gap or overlap, a tensor whose byte length does not match its shape and dtype), and the tensor.
 pub fn parse(json: &[u8]) -> Result<Header, HeaderError> {
-    let meta: safetensors::tensor::Metadata =
+    let raw: RawHeader =
         serde_json::from_slice(json).map_err(|e| HeaderError::Parse(e.to_string()))?;
-    let mut tensors: Vec<TensorSpan> = meta
-        .tensors()
+    let mut tensors: Vec<(TensorSpan, usize)> = raw
+        .tensors
         .into_iter()
-        .map(|(name, info)| TensorSpan {
-            name,
-            dtype: info.dtype.to_string(),
-            shape: info.shape.clone(),
-            data_offsets: (info.data_offsets.0 as u64, info.data_offsets.1 as u64),
+        .map(|(name, info)| {
+            let span = TensorSpan {
+                name,
+                dtype: info.dtype.to_string(),
+                shape: info.shape,
+                data_offsets: (info.data_offsets.0 as u64, info.data_offsets.1 as u64),
+            };
+            (span, info.dtype.bitsize())
         })
         .collect();
-    tensors.sort_by_key(|t| t.data_offsets);
-    let metadata = meta
-        .metadata()
-        .as_ref()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default();
+    tensors.sort_by(|(a, _), (b, _)| (a.data_offsets, &a.name).cmp(&(b.data_offsets, &b.name)));
+    let mut at = 0u64;
+    for (t, bits) in &tensors {
+        let bad = |problem: String| HeaderError::Parse(format!("tensor `{}`: {problem}", t.name));
+        let (begin, end) = t.data_offsets;
+        if begin != at || end < begin {
+            return Err(bad(format!(
+                "data_offsets [{begin}, {end}] do not start where the previous tensor ends ({at})"
+            )));
+        }
+        let want = tensor_bytes(&t.shape, *bits).map_err(&bad)?;
+        if end - begin != want {
+            return Err(bad(format!(
+                "{} bytes, but {} {:?} needs {want}",
+                end - begin,
+                t.dtype,
+                t.shape
+            )));
+        }
+        at = end;
+    }
+    let len = json.len() as u64;
+    if at.checked_add(len).and_then(|n| n.checked_add(8)).is_none() {
+        return Err(HeaderError::Parse(format!(
+            "the data section's {at} bytes after an {len}-byte header exceed 2^64 bytes"
+        )));
+    }
     Ok(Header {
-        len: json.len() as u64,
-        metadata,
-        tensors,
+        len,
+        metadata: raw.metadata.unwrap_or_default(),
+        tensors: tensors.into_iter().map(|(t, _)| t).collect(),
     })
 }
 
@@ -308,5 +372,56 @@ mod tests {
         assert_eq!(header_len(&16u64.to_le_bytes(), None), Ok(16));
         assert!(header_len(&(MAX_HEADER_LEN + 1).to_le_bytes(), None).is_err());
         assert_eq!(header_len(&[1, 2], None), Err(HeaderError::TooShort(2)));
+    }
+
+    #[test]
+    fn sizes_are_checked_in_64_bits_and_zero_size_shapes_are_empty() {
+        // A legitimate empty tensor whose other dimensions multiply past 2^64.
+        let b = file(
+            &[("z", "F32", &[1 << 62, 4, 0], 0), ("t", "U8", &[3], 3)],
+            None,
+        );
+        let (h, _) = read_bytes(&b).unwrap();
+        assert_eq!(h.tensors[0].name, "z");
+        assert_eq!(h.tensors[0].data_offsets, (0, 0));
+        assert_eq!(tensor_bytes(&[1 << 62, 4, 0], 32), Ok(0));
+        assert_eq!(tensor_bytes(&[], 16), Ok(2), "a scalar");
+        assert_eq!(
+            tensor_bytes(&[3, 5], 4),
+            Err("shape [3, 5] of 4-bit elements does not end on a byte".into())
+        );
+        // Element counts and bit counts past 2^64 are refused naming the tensor, in debug and
+        // release alike.
+        for (shape, needle) in [
+            (vec![1usize << 32, 1 << 32, 2], "more than 2^64 elements"),
+            (vec![1usize << 62, 2], "more than 2^64 bytes"),
+        ] {
+            let shape_text: Vec<String> = shape.iter().map(ToString::to_string).collect();
+            let json = format!(
+                r#"{{"big":{{"dtype":"F32","shape":[{}],"data_offsets":[0,0]}}}}"#,
+                shape_text.join(",")
+            );
+            let e = parse(json.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("tensor `big`") && e.contains(needle), "{e}");
+        }
+        // A data section that ends past 2^64 bytes with the header in front of it.
+        let json = format!(
+            r#"{{"t":{{"dtype":"U8","shape":[{}],"data_offsets":[0,{}]}}}}"#,
+            u64::MAX,
+            u64::MAX
+        );
+        let e = parse(json.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("exceed 2^64 bytes"), "{e}");
+        let json = format!(
+            r#"{{"t":{{"dtype":"U8","shape":[2],"data_offsets":[{},{}]}}}}"#,
+            u64::MAX - 1,
+            u64::MAX
+        );
+        assert!(
+            parse(json.as_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("tensor `t`")
+        );
     }
 }

@@ -212,7 +212,7 @@ impl Deployment {
     }
 
     /// Supervises the running pair until cancelled, as ``spark-deploy watch`` does
-    /// (docs/operations.md, "Watch"): samples every node, heals both ranks or neither, at most
+    /// (docs/operations.md, "Watch"): samples every node, heals all ranks or none, at most
     /// ``watch.max_heals_per_hour`` times, never a pair stopped by ``stop()``.
     ///
     /// Args:

@@ -1,14 +1,15 @@
 //! The deployment config that targets a running testbed, so the ordinary `spark-deploy`
 //! commands (`plan`, `up`, `down`) run against it.
 
-use spark_deploy_core::config::{DeploymentConfig, NodeConfig, WorkerStorage};
+use spark_deploy_core::config::{DeploymentConfig, EngineProfileName, NodeConfig, WorkerStorage};
 
 use crate::cluster::TestbedInfo;
 
 /// A config for `info`: the head is this machine (fabric = the bridge gateway), every worker is
 /// reached over the management network with the testbed's key and known_hosts, ranks of workers
 /// share the worker container's network namespace, and worker storage is `copy` (this kernel has
-/// no NFS). The test-scale pool keeps the stand-in's memory small.
+/// no NFS). The test-scale pool keeps the stand-in's memory small. Three workers (four nodes)
+/// take the TP=4 profile (`tensorfold-dsv41-tp4`); one worker the TP=2 profile.
 ///
 /// Nothing here tells production code it runs on a testbed: the differences are ordinary
 /// settings — each worker's image reference is its own tag (head and workers share one Docker
@@ -44,6 +45,9 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
         n.data_dir = w.disk_dir.join("data").display().to_string();
         n.image = format!("{}-{}", crate::engine::IMAGE, w.name);
         nodes.push(n);
+    }
+    if nodes.len() == 4 {
+        c.deployment.engine = EngineProfileName::TensorfoldDsv41Tp4;
     }
     c.nodes = nodes;
     crate::host_facts::configure(info, &mut c);

@@ -38,6 +38,25 @@ pub async fn running(opts: &TestbedOptions) -> Option<TestbedInfo> {
     Some(info)
 }
 
+/// A testbed that is up is reused only with the number of workers asked for: another count is
+/// refused (it may carry someone's deployment, so it is never replaced from here).
+///
+/// # Errors
+///
+/// [`TestbedError::Options`] naming both counts and the remedy.
+pub fn check_workers(info: &TestbedInfo, opts: &TestbedOptions) -> Result<(), TestbedError> {
+    let up = info.workers.len();
+    if up == usize::from(opts.workers) {
+        return Ok(());
+    }
+    Err(TestbedError::Options(format!(
+        "a testbed with {up} worker(s) is up in {} and {} were asked for; it may serve a deployment, so it is not replaced: `spark-deploy testbed down` first (after `spark-deploy --config {} down` if something runs on it), or ask for {up}",
+        opts.state_dir.display(),
+        opts.workers,
+        opts.state_dir.join("spark-deploy.toml").display()
+    )))
+}
+
 /// Reuses the testbed that is up, else brings one up ([`cluster::up`], which replaces only a
 /// dead or half-built one).
 ///
@@ -46,6 +65,7 @@ pub async fn running(opts: &TestbedOptions) -> Option<TestbedInfo> {
 /// As [`cluster::up`].
 pub async fn up_or_reuse(opts: &TestbedOptions) -> Result<Acquired, TestbedError> {
     if let Some(info) = running(opts).await {
+        check_workers(&info, opts)?;
         return Ok(Acquired {
             info,
             origin: Origin::Reused,

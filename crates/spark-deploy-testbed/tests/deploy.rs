@@ -450,7 +450,7 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
         .await
         .expect_err("smoke must fail with rank 1 dead");
     assert!(err.to_string().contains("rank 1"), "{err}");
-    assert!(rec4.events().iter().any(|e| matches!(e, Event::Log { line, .. } if line.contains("stopped sd-testbed-rank0 (both ranks or neither)"))), "rank 0 stopped too");
+    assert!(rec4.events().iter().any(|e| matches!(e, Event::Log { line, .. } if line.contains("stopped sd-testbed-rank0 (all ranks or none)"))), "rank 0 stopped too");
     let ps = std::process::Command::new("docker")
         .args([
             "ps",

@@ -83,7 +83,7 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     let (hub, mut config) = spark_deploy_testbed::demo::prepare(info, home).await?;
     let head = DockerNode::connect("head", &spark_deploy_core::ports::NodeTarget::Local).await?;
     let standin = spark_deploy_testbed::standin::locate_binary().ok_or("tf-standin not built")?;
-    let recipe = TensorfoldDsv41
+    let recipe = TensorfoldDsv41::TP2
         .build_recipe(&validate(config.clone(), home)?)
         .ok_or("the profile has a build")?;
     let t = Instant::now();

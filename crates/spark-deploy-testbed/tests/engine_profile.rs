@@ -50,6 +50,8 @@ impl Engine for BashPair {
             min_pool: 1,
             max_pool: u64::MAX,
             max_parallel: 1,
+            max_round_rows: 16,
+            tp4_branch: false,
             world_sizes: &[2],
             memory_warn_context: u64::MAX,
             memory: MemoryModel {

@@ -842,3 +842,182 @@ fn a_shard_truncated_after_planning_fails_the_build_with_the_entry() {
     // planning again refuses the truncated shard up front
     assert!(plan_rank_cache(&model, 0, 2, &o).is_err());
 }
+
+/// A copy of the small checkpoint (shards hard-linked) whose shard holding `tensor` has that
+/// tensor's header entry rewritten by `edit`, the data section untouched.
+fn tampered(tensor: &str, edit: impl Fn(&mut Value)) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let model = small();
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(model.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
+    let shard = index["weight_map"][tensor].as_str().unwrap().to_owned();
+    for e in std::fs::read_dir(model).unwrap() {
+        let e = e.unwrap();
+        if e.file_name().to_str() != Some(shard.as_str()) {
+            std::fs::hard_link(e.path(), d.path().join(e.file_name())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(model.join(&shard)).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header[tensor]);
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while !text.len().is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(d.path().join(&shard), out).unwrap();
+    d
+}
+
+#[test]
+fn a_shard_whose_dtype_or_shape_was_changed_consistently_is_refused() {
+    let o = opts();
+    // Each edit keeps the tensor's byte length, so the shard's header is valid safetensors.
+    type Edit = fn(&mut Value);
+    let cases: [(&str, Edit, &str); 7] = [
+        (
+            "layers.0.attn_norm.weight",
+            |t| t["dtype"] = "F16".into(),
+            "expects BF16",
+        ),
+        (
+            "embed.weight",
+            |t| t["shape"] = serde_json::json!([512, 512]),
+            "config.json makes it [1024, 256]",
+        ),
+        (
+            "embed.weight",
+            |t| {
+                t["dtype"] = "F32".into();
+                t["shape"] = serde_json::json!([1024, 128]);
+            },
+            "config.json makes it [1024, 256]",
+        ),
+        (
+            "layers.1.ffn.gate.bias",
+            |t| t["dtype"] = "BF16".into(),
+            "only F16 → F32 widening",
+        ),
+        (
+            "layers.1.attn.wq_a.trellis",
+            |t| {
+                let s = t["shape"].as_array().unwrap().clone();
+                let (k, n, w) = (
+                    s[0].as_u64().unwrap(),
+                    s[1].as_u64().unwrap(),
+                    s[2].as_u64().unwrap(),
+                );
+                t["shape"] = serde_json::json!([k, n * 3, w / 3]);
+            },
+            "config.json makes N 128",
+        ),
+        (
+            "layers.1.attn.wq_a.trellis",
+            |t| {
+                let s = t["shape"].as_array().unwrap().clone();
+                let (k, n, w) = (
+                    s[0].as_u64().unwrap(),
+                    s[1].as_u64().unwrap(),
+                    s[2].as_u64().unwrap(),
+                );
+                t["shape"] = serde_json::json!([k, n * 2, w / 2]);
+            },
+            "words per tile",
+        ),
+        (
+            "layers.1.attn.wq_a.svh",
+            |t| t["shape"] = serde_json::json!([t["shape"][0].as_u64().unwrap() / 2, 2]),
+            "float16 vectors",
+        ),
+    ];
+    for (tensor, edit, says) in cases {
+        let d = tampered(tensor, edit);
+        let err = plan_rank_cache(d.path(), 0, 2, &o).unwrap_err();
+        match &err {
+            RankCacheError::Layout {
+                tensor: t, problem, ..
+            } => {
+                assert_eq!(t, tensor, "{err}");
+                assert!(problem.contains(says), "{tensor}: {err}");
+            }
+            other => panic!("{tensor}: {other}"),
+        }
+        assert!(err.to_string().contains("re-download"), "{err}");
+    }
+    // A trellis and its scales changed together (K and N swapped) still disagree with config.json.
+    let d = tampered("layers.1.attn.wq_a.trellis", |t| {
+        let s = t["shape"].as_array().unwrap().clone();
+        t["shape"] = serde_json::json!([s[1], s[0], s[2]]);
+    });
+    let err = plan_rank_cache(d.path(), 0, 2, &o).unwrap_err();
+    assert!(err.to_string().contains("config.json makes K 256"), "{err}");
+}
+
+#[test]
+fn checksums_recorded_at_build_catch_every_flipped_byte_without_the_checkpoint() {
+    let model = small();
+    let out = tempfile::tempdir().unwrap();
+    let o = opts();
+    let plan = plan_rank_cache(model, 1, 2, &o).unwrap();
+    let f = build_rank_cache(&plan, out.path(), &o, &mut no_progress()).unwrap();
+    let side = spark_deploy_core::engine::tensorfold::inputs::read_sidecar(&f).unwrap();
+    assert_eq!(side["checksums"]["algorithm"], "crc32");
+    verify_rank_cache(&plan, &f, VerifyLevel::Checksums, &o, &mut no_progress()).unwrap();
+    let good = std::fs::read(&f).unwrap();
+    // One flipped bit at 64 places spread over the data section (first and last byte included):
+    // each is caught, naming the entries of its block; the index level sees none of them.
+    let n = plan.data_bytes;
+    for k in 0..64u64 {
+        let at = if k == 63 { n - 1 } else { k * n / 63 };
+        let mut bytes = good.clone();
+        bytes[at as usize] ^= 1 << (k % 8);
+        std::fs::write(&f, &bytes).unwrap();
+        verify_rank_cache(&plan, &f, VerifyLevel::Index, &o, &mut no_progress()).unwrap();
+        let err = verify_rank_cache(&plan, &f, VerifyLevel::Checksums, &o, &mut no_progress())
+            .unwrap_err();
+        let RankCacheError::Mismatch { key, problem, .. } = &err else {
+            panic!("byte {at}: {err}");
+        };
+        let e = plan
+            .entries
+            .iter()
+            .find(|e| e.row.offset <= at && at < e.row.offset + e.row.bytes)
+            .unwrap();
+        assert!(
+            key.contains(&e.row.key) || key.contains(" … "),
+            "byte {at}: {err}"
+        );
+        assert!(problem.contains("CRC-32"), "{problem}");
+    }
+    // The checkpoint is not read at this level: it verifies with the model directory gone.
+    std::fs::write(&f, &good).unwrap();
+    let moved = tempfile::tempdir().unwrap();
+    let plan_elsewhere = plan_rank_cache(model, 1, 2, &o).unwrap();
+    drop(moved);
+    verify_rank_cache(
+        &plan_elsewhere,
+        &f,
+        VerifyLevel::Checksums,
+        &o,
+        &mut no_progress(),
+    )
+    .unwrap();
+    // A sidecar without checksums (an older build): the level falls back to byte for byte.
+    let side_path = spark_deploy_core::engine::tensorfold::inputs::sidecar_path(&f);
+    let mut old = side.clone();
+    old.as_object_mut().unwrap().remove("checksums");
+    std::fs::write(&side_path, old.to_string()).unwrap();
+    let mut bytes = good.clone();
+    bytes[(n / 2) as usize] ^= 0x80;
+    std::fs::write(&f, &bytes).unwrap();
+    let err =
+        verify_rank_cache(&plan, &f, VerifyLevel::Checksums, &o, &mut no_progress()).unwrap_err();
+    assert!(
+        err.to_string().contains("differs from the checkpoint"),
+        "{err}"
+    );
+}

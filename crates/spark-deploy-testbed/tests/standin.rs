@@ -1041,6 +1041,84 @@ fn rank_1_dying_makes_every_request_fail_with_peer_down() {
     assert!(m.body.contains("tensorfold:peer_down 1"), "{}", m.body);
 }
 
+/// The TP=4 build on loopback: followers 3, 2, 1 then rank 0, each follower on its own port
+/// (PORT + g − 1), the split proof over the four W=4 rank files; then one follower dies: every
+/// request fails with `PeerDown`, and the other followers stay (only the deployer stops them).
+#[test]
+fn four_ranks_serve_with_the_proof_and_one_dead_follower_fails_every_request() {
+    let f = fixture();
+    let caches = f._inputs.rank_caches_at(4).unwrap();
+    let tp = free_port();
+    let http_port = free_port();
+    let pool = POOL.to_string();
+    let tp4_env = [
+        ("TF_DS_WINDOW", pool.as_str()),
+        ("TF_DS_ROUND_ROWS", "16"),
+        ("TF_DS_STREAMS", "4"),
+    ];
+    let mut followers = Vec::new();
+    for g in [3u32, 2, 1] {
+        let mut c = Command::new(f.engine.join("tf-dsv41-lanes"));
+        c.env_clear()
+            .env("TF_STANDIN_CONNECT_TIMEOUT_S", "30")
+            .envs(tp4_env)
+            .arg(&f.model)
+            .arg(&caches[g as usize])
+            .args([&g.to_string(), "4", "127.0.0.1", &tp.to_string()])
+            .arg(&f.kit)
+            .arg("--engram")
+            .arg(&f.original)
+            .arg("--token-map")
+            .arg(&f.token_map)
+            .args(["--pool", &pool, "--round-rows", "16", "--streams", "4"])
+            .args(["--context", &pool]);
+        let p = Proc::spawn(c);
+        let loaded = p.wait_json("loaded", |v| v.get("loaded_s").is_some());
+        assert_eq!(loaded["rank"], g);
+        followers.push((g, p));
+    }
+    let mut env0 = rank0_env(&caches[0], &f.kit, tp);
+    env0.insert("TF_TP_WORLD".into(), "4".into());
+    env0.remove("TF_RDMA_DEVICES");
+    for (k, v) in tp4_env {
+        env0.insert(k.into(), v.into());
+    }
+    let rank0 = Proc::spawn(rank0_cmd(&env0, http_port, POOL, &[]));
+    let loaded = rank0.wait_json("loaded", |v| v.get("loaded_s").is_some());
+    assert_eq!(
+        (loaded["world"].as_u64(), loaded["pool"].as_u64()),
+        (Some(4), Some(POOL))
+    );
+    let serving = rank0.wait_json("serving", |v| v.get("serving").is_some());
+    assert_eq!(serving["split_proof"]["ok"], true, "{serving}");
+    let c = chat(http_port, &ask("What is 17*23?"));
+    assert_eq!(c.status, 200, "{}", c.body);
+    // Follower 2 dies: rank 0 fails every request with PeerDown and keeps running.
+    let (_, two) = followers.iter_mut().find(|(g, _)| *g == 2).unwrap();
+    two.signal("KILL");
+    two.wait_exit();
+    let c = chat(http_port, &ask("What is 2*3?"));
+    assert_eq!(c.status, 500, "{}", c.body);
+    assert_eq!(c.json()["error"]["code"], "PeerDown");
+    std::thread::sleep(Duration::from_millis(300));
+    for (g, p) in followers.iter_mut().filter(|(g, _)| *g != 2) {
+        assert!(
+            p.child.try_wait().unwrap().is_none(),
+            "follower {g} exited on its own"
+        );
+    }
+    // The TP=2 build's follower (no TF_DS_WINDOW) refuses world 4.
+    let mut c = Command::new(f.engine.join("tf-dsv41-lanes"));
+    c.env_clear()
+        .arg(&f.model)
+        .arg(&caches[1])
+        .args(["1", "4", "127.0.0.1", &tp.to_string()])
+        .arg(&f.kit);
+    let (code, _, err) = run_to_exit(c);
+    assert_eq!(code, 1);
+    assert!(err.contains("error.NotPortedYet"), "{err}");
+}
+
 #[test]
 fn rank_0_dying_makes_rank_1_exit_1_with_peer_down() {
     let mut r = start(&Setup::default());

@@ -12,7 +12,23 @@ use crate::api_hint::ApiHint;
 use crate::exit::{CONFIG, Failure, RUNTIME};
 use crate::render;
 
-pub(crate) fn run(global: &Global) -> Result<(), Failure> {
+/// `spark-deploy demo` options.
+#[derive(clap::Args, Debug)]
+pub(crate) struct DemoArgs {
+    /// Nodes of the testbed, the head included: 2 (TP=2) or 4 (the TP=4 profile).
+    #[arg(long, default_value_t = 2, value_parser = nodes)]
+    nodes: u8,
+}
+
+fn nodes(v: &str) -> Result<u8, String> {
+    match v {
+        "2" => Ok(2),
+        "4" => Ok(4),
+        _ => Err(format!("{v}: 2 (a pair) or 4 (four Sparks)")),
+    }
+}
+
+pub(crate) fn run(global: &Global, args: &DemoArgs) -> Result<(), Failure> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -20,12 +36,15 @@ pub(crate) fn run(global: &Global) -> Result<(), Failure> {
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from);
     let opts = TestbedOptions {
         install_tools: true,
+        workers: args.nodes - 1,
         ..TestbedOptions::default()
     };
     rt.block_on(async {
         let info = match reuse::running(&opts).await {
-            // Someone's testbed (maybe a deployment on it): used as it is, never replaced.
+            // Someone's testbed (maybe a deployment on it): used as it is, never replaced; with
+            // another number of nodes, refused.
             Some(info) => {
+                reuse::check_workers(&info, &opts).map_err(|e| Failure::new(RUNTIME, &e, None))?;
                 render::note(&format!("reusing the testbed that is up ({})", info.state_dir.display()));
                 info
             }

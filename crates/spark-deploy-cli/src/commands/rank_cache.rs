@@ -35,6 +35,10 @@ pub(crate) enum RankCacheCommand {
         /// Also compare every data byte with the checkpoint.
         #[arg(long)]
         bytes: bool,
+        /// Also check every data block against the CRC-32 its build recorded in
+        /// `<file>.source.json` (one read of the rank file; byte for byte when none is recorded).
+        #[arg(long, conflicts_with = "bytes")]
+        checksums: bool,
     },
     /// Print the index JSON and the expected file name; write nothing.
     IndexOnly {
@@ -127,13 +131,17 @@ pub(crate) fn run(args: RankCacheArgs, json: bool) -> Result<(), Box<dyn std::er
             let file = build_rank_cache(&plan, &target.out_dir, &opts, &mut reporter())?;
             crate::render::out(&plan.summary_json(&file));
         }
-        RankCacheCommand::Verify { target, bytes } => {
+        RankCacheCommand::Verify {
+            target,
+            bytes,
+            checksums,
+        } => {
             let opts = target.options();
             let plan = plan_rank_cache(&target.model_dir, target.rank, target.world, &opts)?;
-            let level = if bytes {
-                VerifyLevel::Bytes
-            } else {
-                VerifyLevel::Index
+            let level = match (bytes, checksums) {
+                (true, _) => VerifyLevel::Bytes,
+                (false, true) => VerifyLevel::Checksums,
+                (false, false) => VerifyLevel::Index,
             };
             let file = verify_rank_cache(&plan, &target.out_dir, level, &opts, &mut reporter())?;
             if json {

@@ -386,11 +386,11 @@ fn boot(global: &Global, args: &BootArgs) -> Result<(), Failure> {
         // `restart`: whatever survived the reboot is stopped (rank 0 first) before both start,
         // rank 1 before rank 0; on an absent pair its stop has nothing to do.
         render::note(&format!(
-            "the pair does not serve ({why}): bringing it up (rank 1 before rank 0)"
+            "the pair does not serve ({why}): bringing it up (followers before rank 0)"
         ));
         let plan = Plan::for_verb(&config, super::run::Which::Restart);
         let (_, mut result, mut interrupted) = super::run::run_logged(global, &config, &plan).await;
-        // A launch or smoke that failed stopped both ranks (both or neither): one more try
+        // A launch or smoke that failed stopped every rank (all or none): one more try
         // starts both afresh.
         if let Err(e) = &result
             && !interrupted

@@ -13,11 +13,14 @@ use crate::render;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum TestbedCommand {
-    /// Build the networks, the worker container with sshd and its keys; write a deployment config.
+    /// Build the networks, the worker containers with sshd and their keys; write a deployment config.
     Up {
         /// Where to write the deployment config targeting the testbed (default: <state dir>/spark-deploy.toml).
         #[arg(long, value_name = "FILE")]
         write_config: Option<PathBuf>,
+        /// Worker nodes besides the head: 1 (a pair, TP=2) or 3 (four nodes, the TP=4 profile).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+        workers: u8,
     },
     /// Remove every container, network, image and volume the testbed created, and its state.
     Down,
@@ -33,11 +36,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 pub(crate) fn run(global: &Global, cmd: &TestbedCommand) -> Result<(), Failure> {
     let opts = TestbedOptions {
         install_tools: true,
+        workers: match cmd {
+            TestbedCommand::Up { workers, .. } => *workers,
+            TestbedCommand::Down => 1,
+        },
         ..TestbedOptions::default()
     };
     let rt = runtime()?;
     match cmd {
-        TestbedCommand::Up { write_config } => {
+        TestbedCommand::Up { write_config, .. } => {
             let testbed = rt.block_on(reuse::up_or_reuse(&opts)).map_err(|e| {
                 Failure::new(
                     RUNTIME,
@@ -73,18 +80,24 @@ pub(crate) fn run(global: &Global, cmd: &TestbedCommand) -> Result<(), Failure> 
                         .to_string(),
                 );
             } else {
-                let w = info.worker();
                 let how = if reused {
                     "already up: reused as it is (nothing replaced)".to_owned()
                 } else {
                     format!("up in {:.1} s", info.up_millis as f64 / 1000.0)
                 };
+                let workers: Vec<String> = info
+                    .workers
+                    .iter()
+                    .map(|w| {
+                        format!(
+                            "worker {} at {} (fabric {}), ssh {}",
+                            w.name, w.container, w.fabric_addr, w.ssh_destination
+                        )
+                    })
+                    .collect();
                 render::out(&format!(
-                    "testbed {how}: worker {} at {} (fabric {}), ssh {}\nconfig: {}{}\nnext: spark-deploy --config {} plan",
-                    w.name,
-                    w.container,
-                    w.fabric_addr,
-                    w.ssh_destination,
+                    "testbed {how}: {}\nconfig: {}{}\nnext: spark-deploy --config {} plan",
+                    workers.join("; "),
                     path.display(),
                     if keep { " (kept)" } else { "" },
                     path.display()

@@ -118,6 +118,21 @@ pub enum EngineProfileName {
     /// TensorFold's native Zig `dsv41` engine, TP=2 (docs/engine-contract.md).
     #[serde(rename = "tensorfold-dsv41")]
     TensorfoldDsv41,
+    /// The same engine from its TP=4 branch: two or four nodes (docs/engine-contract.md, the TP=4
+    /// notes).
+    #[serde(rename = "tensorfold-dsv41-tp4")]
+    TensorfoldDsv41Tp4,
+}
+
+impl EngineProfileName {
+    /// The name as the configuration writes it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TensorfoldDsv41 => "tensorfold-dsv41",
+            Self::TensorfoldDsv41Tp4 => "tensorfold-dsv41-tp4",
+        }
+    }
 }
 
 /// Worker storage mode.
@@ -434,6 +449,10 @@ pub struct WatchSection {
     pub heal: HealPolicy,
     /// Heals allowed within one hour; the next finding stops the pair and it stays down.
     pub max_heals_per_hour: u32,
+    /// Seconds a heal gives each rank to stop before SIGKILL. Short: both logs are saved first,
+    /// and a wedged or frozen rank never stops by itself (`lifecycle.stop_timeout_s` is the
+    /// grace of a user's `down`).
+    pub heal_stop_grace_s: u64,
 }
 
 impl Default for WatchSection {
@@ -446,6 +465,7 @@ impl Default for WatchSection {
             memory_floor_gib: 3.0,
             heal: HealPolicy::Restart,
             max_heals_per_hour: 3,
+            heal_stop_grace_s: 2,
         }
     }
 }

@@ -209,7 +209,7 @@ impl PlanDescription {
         };
         let deployment = DeploymentSummary {
             name: c.deployment.name.clone(),
-            engine: "tensorfold-dsv41".into(),
+            engine: c.deployment.engine.as_str().into(),
             model: c.model.id.clone(),
             revision: c.model.revision.clone(),
             model_commit: facts.model_commit.to_string(),

@@ -10,8 +10,14 @@ pub struct EngineLimits {
     pub min_pool: u64,
     /// Largest pool the RoPE tables cover.
     pub max_pool: u64,
-    /// Largest `--parallel` the kernel kit covers.
+    /// Largest `--parallel` the kernel kit covers (also the largest `TF_DS_STREAMS`).
     pub max_parallel: u32,
+    /// Largest rows per round (`TF_DS_ROUND_ROWS`) the kernel kit covers; the engine's default
+    /// is 16.
+    pub max_round_rows: u32,
+    /// Whether the build is the TP=4 branch: it reads `TF_DS_WINDOW` and its followers take
+    /// `--round-rows/--streams/--context`.
+    pub tp4_branch: bool,
     /// Accepted tensor-parallel world sizes (= node counts).
     pub world_sizes: &'static [usize],
     /// Pools above this leave too little memory headroom on a 128 GB node; warn.
@@ -45,11 +51,17 @@ pub struct MemoryModel {
 }
 
 impl EngineLimits {
-    /// The limits of `profile`.
+    /// The limits of `profile` serving `world` ranks (the memory estimate is per rank, so it
+    /// depends on how many share the weights).
     #[must_use]
-    pub fn of(profile: EngineProfileName) -> Self {
+    pub fn of(profile: EngineProfileName, world: usize) -> Self {
         match profile {
             EngineProfileName::TensorfoldDsv41 => TENSORFOLD_DSV41,
+            EngineProfileName::TensorfoldDsv41Tp4 if world == 4 => TENSORFOLD_DSV41_TP4,
+            EngineProfileName::TensorfoldDsv41Tp4 => EngineLimits {
+                memory: TENSORFOLD_DSV41.memory,
+                ..TENSORFOLD_DSV41_TP4
+            },
         }
     }
 }
@@ -61,6 +73,8 @@ pub const TENSORFOLD_DSV41: EngineLimits = EngineLimits {
     min_pool: 2048,
     max_pool: 1_114_063,
     max_parallel: 4,
+    max_round_rows: 16,
+    tp4_branch: false,
     world_sizes: &[2],
     memory_warn_context: 524_288,
     memory: MemoryModel {
@@ -82,3 +96,36 @@ pub const TENSORFOLD_DSV41: EngineLimits = EngineLimits {
         reserve: 4 << 30,
     },
 };
+
+/// TensorFold dsv41 from the TP=4 branch on four nodes: two or four ranks, up to 16 streams and
+/// 48-row rounds (the TP=4 kit's recorded variants), and a quarter of the weights per rank (a rank
+/// file of about 56.2 GB per node at W=4).
+pub const TENSORFOLD_DSV41_TP4: EngineLimits = EngineLimits {
+    max_parallel: 16,
+    max_round_rows: 48,
+    tp4_branch: true,
+    world_sizes: &[2, 4],
+    memory: MemoryModel {
+        rank_weights_estimate: 56_200_000_000,
+        ..TENSORFOLD_DSV41.memory
+    },
+    ..TENSORFOLD_DSV41
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tp4_profile_takes_two_or_four_nodes_and_splits_its_weights_by_the_world() {
+        let four = EngineLimits::of(EngineProfileName::TensorfoldDsv41Tp4, 4);
+        let two = EngineLimits::of(EngineProfileName::TensorfoldDsv41Tp4, 2);
+        assert_eq!(four.world_sizes, &[2, 4]);
+        assert!(four.tp4_branch && two.tp4_branch);
+        assert!(four.memory.rank_weights_estimate < two.memory.rank_weights_estimate);
+        assert_eq!(
+            EngineLimits::of(EngineProfileName::TensorfoldDsv41, 4).world_sizes,
+            &[2]
+        );
+    }
+}

@@ -224,6 +224,16 @@ pub trait Engine: Send + Sync + Debug {
     /// The memory one rank needs, for preflight's budget.
     fn memory(&self, config: &ValidatedConfig) -> MemoryModel;
 
+    /// The TCP ports on the head's fabric address the followers join, as (follower rank, port);
+    /// preflight checks that each is free. The default: every follower joins
+    /// `engine.rendezvous_port`.
+    fn rendezvous_ports(&self, config: &ValidatedConfig) -> Vec<(usize, u16)> {
+        let c = config.config();
+        (1..c.nodes.len())
+            .map(|rank| (rank, c.engine.rendezvous_port))
+            .collect()
+    }
+
     /// BuildRankCache's description: the per-rank inputs built on the head.
     fn plan_inputs(&self, config: &ValidatedConfig) -> StepPlan;
 

@@ -9,7 +9,8 @@ use crate::config::{EngineProfileName, ValidatedConfig};
 #[must_use]
 pub fn for_profile(profile: EngineProfileName) -> Arc<dyn Engine> {
     match profile {
-        EngineProfileName::TensorfoldDsv41 => Arc::new(super::tensorfold::TensorfoldDsv41),
+        EngineProfileName::TensorfoldDsv41 => Arc::new(super::tensorfold::TensorfoldDsv41::TP2),
+        EngineProfileName::TensorfoldDsv41Tp4 => Arc::new(super::tensorfold::TensorfoldDsv41::TP4),
     }
 }
 

@@ -129,6 +129,29 @@ pub struct RemoteFile {
     pub lfs_sha256: Option<String>,
 }
 
+impl RemoteFile {
+    /// One entry of the Hub's tree listing of `repo`: `None` for a directory.
+    ///
+    /// # Errors
+    /// [`HubError::Cache`] when the path is not a safe repository-relative path (`..`, absolute,
+    /// empty, a backslash).
+    pub fn from_listing(repo: &str, entry: RepoTreeEntry) -> Result<Option<Self>, HubError> {
+        let RepoTreeEntry::File {
+            path, size, lfs, ..
+        } = entry
+        else {
+            return Ok(None);
+        };
+        check_rel(repo, &path)?;
+        Ok(Some(RemoteFile {
+            path,
+            size,
+            is_lfs: lfs.is_some(),
+            lfs_sha256: lfs.and_then(|l| l.sha256).map(|s| s.to_ascii_lowercase()),
+        }))
+    }
+}
+
 /// What a `HEAD` on `resolve` says about a file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileMeta {
@@ -296,17 +319,8 @@ impl Hub {
         let mut out = Vec::new();
         while let Some(entry) = stream.next().await {
             let entry = entry.map_err(|e| self.map_hf("file listing", &r.repo, &r.commit, e))?;
-            if let RepoTreeEntry::File {
-                path, size, lfs, ..
-            } = entry
-            {
-                check_rel(&r.repo, &path)?;
-                out.push(RemoteFile {
-                    path,
-                    size,
-                    is_lfs: lfs.is_some(),
-                    lfs_sha256: lfs.and_then(|l| l.sha256).map(|s| s.to_ascii_lowercase()),
-                });
+            if let Some(f) = RemoteFile::from_listing(&r.repo, entry)? {
+                out.push(f);
             }
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));

@@ -233,6 +233,19 @@ impl Plan {
         }
     }
 
+    /// The teardown of a heal: as [`Plan::teardown`], each rank given `grace_s` seconds (a heal
+    /// has saved both logs already, and a wedged or frozen rank never stops by itself).
+    #[must_use]
+    pub fn teardown_with_grace(config: &ValidatedConfig, grace_s: u64) -> Self {
+        let mut plan = Self::teardown(config);
+        for step in &mut plan.steps {
+            if let Step::Stop(stop) = step {
+                stop.grace_s = grace_s;
+            }
+        }
+        plan
+    }
+
     /// Restart, validated before anything stops: Preflight (always run), FetchCheckpoint,
     /// BuildRankCache, ConfigureWorkerStorage and BuildImage first — while the running pair keeps
     /// serving — then Stop, LaunchRank and Smoke. A failure before Stop leaves the running pair

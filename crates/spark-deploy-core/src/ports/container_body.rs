@@ -9,6 +9,15 @@ use bollard::models::{
 
 use crate::container::ContainerSpec;
 
+/// The process namespace of a rank whose node is itself a container (`network_mode =
+/// "container:<name>"`, the testbed's Spark): the node's, as on a machine, so the node's restart
+/// ends the rank as a reboot would. A rank on a host (`host`) keeps its own.
+fn node_pid_mode(network_mode: &str) -> Option<String> {
+    network_mode
+        .starts_with("container:")
+        .then(|| network_mode.to_owned())
+}
+
 /// The create body of `spec`: the command is the spec's argv exactly (the image's entrypoint, if
 /// any, stays and receives it), mounts as binds, GPUs as a device request.
 #[must_use]
@@ -45,6 +54,7 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
     let host_config = HostConfig {
         binds: Some(binds),
         network_mode: Some(spec.network_mode.clone()),
+        pid_mode: node_pid_mode(&spec.network_mode),
         ipc_mode: Some(spec.ipc_mode.clone()),
         runtime: Some(spec.runtime.clone()),
         device_requests,
@@ -129,5 +139,20 @@ mod tests {
                 assert_eq!(policy.maximum_retry_count, None);
             }
         }
+    }
+
+    #[test]
+    fn a_rank_on_a_container_node_shares_its_processes_a_rank_on_a_host_does_not() {
+        let config =
+            validate(DeploymentConfig::default(), std::path::Path::new("/home/u")).unwrap();
+        let facts = DeploymentFacts::placeholders(&config);
+        let mut spec = crate::engine::for_config(&config)
+            .rank_containers(&config, &facts)
+            .remove(1);
+        let pid = |spec: &ContainerSpec| create_body(spec).host_config.unwrap().pid_mode;
+        assert_eq!(spec.network_mode, "host");
+        assert_eq!(pid(&spec), None);
+        spec.network_mode = "container:sd-testbed-worker-1".into();
+        assert_eq!(pid(&spec).as_deref(), Some("container:sd-testbed-worker-1"));
     }
 }

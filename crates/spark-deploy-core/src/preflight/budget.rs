@@ -62,7 +62,11 @@ impl RankBudget {
     /// Everything together.
     #[must_use]
     pub fn total(&self) -> u64 {
-        self.weights + self.arena + self.kv + self.rope + self.reserve
+        // The weights are a file size read from the node: a sum past 2^64 saturates (and fails
+        // every budget) instead of wrapping.
+        [self.arena, self.kv, self.rope, self.reserve]
+            .into_iter()
+            .fold(self.weights, u64::saturating_add)
     }
 }
 

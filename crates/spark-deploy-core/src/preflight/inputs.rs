@@ -74,7 +74,9 @@ impl Tree {
         let (n, bytes) = files
             .iter()
             .filter(|(p, s)| present.get(*p) != Some(*s))
-            .fold((0, 0), |(n, b), (_, s)| (n + 1, b + s));
+            .fold((0usize, 0u64), |(n, b), (_, s)| {
+                (n + 1, b.saturating_add(*s))
+            });
         (n > 0).then(|| Missing {
             what: format!("{} ({n} of {} files)", self.what, files.len()),
             bytes,

@@ -11,10 +11,10 @@ use crate::event::StepKind;
 use crate::facts::DeploymentFacts;
 
 /// Starts every rank through its node's Docker port, followers first, after comparing the
-/// cross-rank fingerprint; both ranks or neither.
+/// cross-rank fingerprint; all ranks or none.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LaunchRank {
-    /// Containers in start order (rank 1 before rank 0).
+    /// Containers in start order (followers from the highest rank down, rank 0 last).
     pub containers: Vec<ContainerSpec>,
 }
 
@@ -40,7 +40,8 @@ impl LaunchRank {
             })
             .collect();
         (
-            "start the ranks, rank 1 before rank 0, both or neither".to_owned(),
+            "start the ranks, followers from the highest rank down, then rank 0; all or none"
+                .to_owned(),
             actions,
         )
     }
@@ -144,7 +145,7 @@ impl LaunchRank {
         };
         let (mut specs, mut fingerprint) = resolve(ctx, engine).await.map_err(fail)?;
         // Already running with exactly these settings: nothing to do. Running with other settings
-        // (a changed CONTEXT, a rebuilt input) or only partly: stop both, then start both.
+        // (a changed CONTEXT, a rebuilt input) or only partly: stop all, then start all.
         let mut running = Vec::new();
         for s in &specs {
             let i = ctx.node_index(&s.node);
@@ -175,7 +176,7 @@ impl LaunchRank {
             record_launch(ctx, &specs, &fingerprint).await;
             return Ok(Outcome::Skipped {
                 reason: format!(
-                    "both ranks already running with fingerprint {}",
+                    "every rank already running with fingerprint {}",
                     &fingerprint[..12]
                 ),
             });
@@ -195,7 +196,7 @@ impl LaunchRank {
             (specs, fingerprint) = resolve(ctx, engine).await.map_err(fail)?;
         }
         if running.iter().any(|(r, _)| *r) {
-            ctx.log(StepKind::LaunchRank, None, Level::Warn, "the running ranks differ from the plan (settings or inputs changed): stopping both before starting both");
+            ctx.log(StepKind::LaunchRank, None, Level::Warn, "the running ranks differ from the plan (settings or inputs changed): stopping every rank before starting them all");
             super::ranks::stop_deployment(ctx).await;
         }
         let c = ctx.config().config();

@@ -28,8 +28,9 @@ pub struct Preflight {
     pub min_avail_gib: u32,
     /// API port that must be free on the head.
     pub api_port: u16,
-    /// Rendezvous port that must be free on the head's fabric address.
-    pub rendezvous_port: u16,
+    /// Rendezvous ports that must be free on the head's fabric address, one per follower (the
+    /// engine profile's).
+    pub rendezvous_ports: Vec<u16>,
     /// The container runtime the ranks run under, which every daemon must have.
     pub runtime: String,
     /// Skip when the pair of the last launch still runs with this very config (its launch record
@@ -53,7 +54,11 @@ impl Preflight {
             nodes: c.nodes.iter().map(|n| n.name.clone()).collect(),
             min_avail_gib: c.lifecycle.min_avail_gib,
             api_port: c.serving.port,
-            rendezvous_port: c.engine.rendezvous_port,
+            rendezvous_ports: crate::engine::for_config(config)
+                .rendezvous_ports(config)
+                .into_iter()
+                .map(|(_, port)| port)
+                .collect(),
             runtime: c.engine.runtime.clone(),
             skip_when_running: false,
             engine_repo: c.engine.repo.clone(),
@@ -89,7 +94,8 @@ impl Preflight {
                 ];
                 if i == 0 {
                     checks.push("engine: the binaries BuildImage ships are in the engine directory; the base image is in Docker (never pulled); nfs mode: the cache exported read-only to every worker".to_owned());
-                    checks.push(format!("ports: {} (API) and {} (rendezvous) free", self.api_port, self.rendezvous_port));
+                    let rdv = self.rendezvous_ports.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+                    checks.push(format!("ports: {} (API) and {rdv} (rendezvous) free", self.api_port));
                     if !self.engine_repo.is_empty() {
                         checks.push(format!("engine: base image {} present (never pulled); {} reachable with the commit", self.base_image, self.engine_repo));
                     }
@@ -143,7 +149,7 @@ async fn unchanged_running_pair(ctx: &Context) -> Option<String> {
     });
     ctx.set_preflight_deferred(true);
     Some(format!(
-        "both ranks run unchanged (fingerprint {}) since a launch that passed preflight with this config; `spark-deploy preflight` checks the nodes now",
+        "every rank runs unchanged (fingerprint {}) since a launch that passed preflight with this config; `spark-deploy preflight` checks the nodes now",
         record.fingerprint.get(..12).unwrap_or(&record.fingerprint)
     ))
 }
@@ -221,13 +227,15 @@ impl Preflight {
             remedy: "stop what listens there (`spark-deploy down` if it is an old deployment) or change serving.port".into(),
         });
         if let Some(a) = head_src {
-            let rdv = format!("{a}:{}", c.engine.rendezvous_port);
-            facts[0].ports.push(PortProbe {
-                check: Check::PortRendezvous,
-                free: ours || port_free(&rdv),
-                addr: rdv,
-                remedy: "stop the old rank 0 or change engine.rendezvous_port".into(),
-            });
+            for (rank, port) in engine.rendezvous_ports(ctx.config()) {
+                let rdv = format!("{a}:{port}");
+                facts[0].ports.push(PortProbe {
+                    check: Check::PortRendezvous,
+                    free: ours || port_free(&rdv),
+                    addr: rdv,
+                    remedy: format!("rank {rank} joins rank 0 there: stop the old rank 0 or change engine.rendezvous_port"),
+                });
+            }
         }
         let decision = decide(&Settings::of(ctx.config()), &facts);
         let report = PreflightReport {

@@ -1,5 +1,5 @@
 //! Rank container operations shared by LaunchRank, Smoke and Stop: start one, save a log and
-//! remove one, stop every rank a run started (both or neither), read a log tail.
+//! remove one, stop every rank a run started (all or none), read a log tail.
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -206,7 +206,7 @@ async fn stop_for_pair(ctx: &Context, node: usize, container: &str) {
             Some(&n.name),
             Level::Warn,
             format!(
-                "stopped {container} (both ranks or neither); log saved to {}",
+                "stopped {container} (all ranks or none); log saved to {}",
                 path.unwrap_or_else(|| "<not saved>".into())
             ),
         ),

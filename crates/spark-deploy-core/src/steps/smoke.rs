@@ -51,7 +51,7 @@ impl Smoke {
 
     pub(crate) fn describe(&self) -> (String, Vec<Action>) {
         (
-            "prove the pair serves: readiness, then one real generation".to_owned(),
+            "prove the ranks serve: readiness, then one real generation".to_owned(),
             self.actions.clone(),
         )
     }

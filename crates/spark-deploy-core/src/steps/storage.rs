@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use super::nfs_volume;
@@ -16,7 +16,7 @@ use crate::event::{Event, Level};
 use crate::facts::DeploymentFacts;
 use crate::layout::{NodeLayout, repo_folder};
 use crate::ports::exec::Cmd;
-use crate::transfer::{FileJob, expand, pull, server::FileServer};
+use crate::transfer::{FileJob, expand, fan_out, pull};
 
 /// What one worker receives.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -150,14 +150,30 @@ impl ConfigureWorkerStorage {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The remedy of a failed copy.
+const RESUME: &str = "fix what the message names on the head or the worker, then run `spark-deploy up` again: it resumes partial files";
+
 /// Ships `jobs` to worker `index` over the fabric (head file server bound to the head's fabric
-/// address, worker pulls); used by ConfigureWorkerStorage and BuildImage.
+/// address, worker pulls); used by BuildImage.
 pub(crate) async fn ship(
     ctx: &Context,
     step: StepKind,
     index: usize,
     jobs: &[FileJob],
 ) -> Result<pull::TransferStats, BoxError> {
+    let mut r = ship_all(ctx, step, &[(index, jobs.to_vec())]).await?;
+    r.pop().ok_or_else(|| BoxError::from("no transfer"))?
+}
+
+/// Ships each `(worker index, jobs)` over the fabric, every worker at the same time
+/// ([`fan_out::feed`]); each worker's outcome in order. The outer error: nothing could start
+/// (the head's fabric address unknown, a worker's destination not its user's, a source
+/// unreadable, no server).
+pub(crate) async fn ship_all(
+    ctx: &Context,
+    step: StepKind,
+    workers: &[(usize, Vec<FileJob>)],
+) -> Result<Vec<Result<pull::TransferStats, BoxError>>, BoxError> {
     let c = ctx.config().config();
     let facts = ctx.facts();
     let head_addr: IpAddr = facts.nodes[0]
@@ -170,21 +186,36 @@ pub(crate) async fn ship(
                 facts.nodes[0].fabric_addr
             )
         })?;
-    let exec = ctx.exec(index).await?;
-    let node = c.nodes[index].name.clone();
-    crate::transfer::ownership::check(
-        exec,
-        &node,
-        &crate::transfer::ownership::roots(jobs.iter().map(|j| j.to.as_path())),
-    )
-    .await?;
-    let server = FileServer::start(SocketAddr::new(head_addr, 0)).await?;
-    let manifest = PathBuf::from(&c.nodes[index].data_dir).join(".spark-deploy-received.tsv");
+    let mut execs = Vec::with_capacity(workers.len());
+    for (index, jobs) in workers {
+        let exec = ctx.exec(*index).await?;
+        crate::transfer::ownership::check(
+            exec,
+            &c.nodes[*index].name,
+            &crate::transfer::ownership::roots(jobs.iter().map(|j| j.to.as_path())),
+        )
+        .await?;
+        execs.push(exec);
+    }
+    let manifests: Vec<PathBuf> = workers
+        .iter()
+        .map(|(i, _)| PathBuf::from(&c.nodes[*i].data_dir).join(".spark-deploy-received.tsv"))
+        .collect();
+    let targets: Vec<fan_out::Target<'_>> = workers
+        .iter()
+        .zip(&execs)
+        .zip(&manifests)
+        .map(|(((_, jobs), exec), manifest)| fan_out::Target {
+            exec,
+            jobs,
+            manifest,
+        })
+        .collect();
     let hashes = PathBuf::from(&c.deployment.state_dir).join("transfer-hashes.tsv");
-    let progress = |p: &pull::TransferProgress<'_>| {
+    let progress = |t: usize, p: &pull::TransferProgress<'_>| {
         ctx.emit(Event::Progress {
             source: step.into(),
-            node: Some(node.clone()),
+            node: Some(c.nodes[workers[t].0].name.clone()),
             label: p.file.file_name().map_or_else(
                 || p.file.display().to_string(),
                 |n| n.to_string_lossy().into_owned(),
@@ -199,19 +230,17 @@ pub(crate) async fn ship(
             }),
         });
     };
-    let transfer = pull::transfer(exec, &server, jobs, &manifest, &hashes, 4, &progress);
-    let mut transfer = std::pin::pin!(transfer);
-    tokio::select! {
-        r = &mut transfer => Ok(r?),
-        () = ctx.cancelled() => {
-            // Break the pulls in flight and wait for them to end (the run bounds this wait):
-            // each worker keeps its `.partial` file, and files that arrived whole are already
-            // in the worker's manifest, so the next run resumes the one and skips the others.
-            server.stop_transfers();
-            let _ = transfer.await;
-            Err("cancelled".into())
-        }
-    }
+    let results =
+        fan_out::feed(head_addr, &targets, &hashes, 4, &progress, ctx.cancelled()).await?;
+    let cancelled = ctx.is_cancelled();
+    Ok(results
+        .into_iter()
+        .map(|r| match r {
+            // A transfer the cancellation broke reports the cancellation, not its broken pull.
+            Err(_) if cancelled => Err(BoxError::from("cancelled")),
+            r => r.map_err(BoxError::from),
+        })
+        .collect())
 }
 
 fn export_and_server<'a>(
@@ -403,49 +432,45 @@ async fn check_local_tree(ctx: &Context, index: usize, tree: &LocalTree) -> Resu
 }
 
 impl ConfigureWorkerStorage {
-    /// Copies the planned files to every worker (and, in `nfs` mode, creates the NFS volume).
+    /// Prepares every worker (its NFS volume or its own tree) and then copies the planned files to
+    /// all of them at once.
     pub(crate) async fn run(
         &self,
         ctx: &Context,
         engine: &dyn Engine,
     ) -> Result<Outcome, StepFailure> {
-        let fail = |e: BoxError| {
-            StepFailure::new(
-                StepKind::ConfigureWorkerStorage,
-                e,
-                Some("fix what the message names on the head or the worker, then run `spark-deploy up` again: it resumes partial files".into()),
-            )
+        let fail = |w: &WorkerPlan, e: BoxError| {
+            StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+                .at(Some(w.node.clone()), Some(w.rank))
         };
+        // Every worker's own preparation, side by side; the first failure (in rank order) fails
+        // the step after all have ended.
+        let prepared = futures::future::join_all(
+            self.workers
+                .iter()
+                .map(|w| async move { (w, self.prepare(ctx, engine, w).await) }),
+        )
+        .await;
+        let mut work = Vec::with_capacity(prepared.len());
+        for (w, r) in prepared {
+            work.push((w.rank, r?));
+        }
+        let shipped = ship_all(ctx, StepKind::ConfigureWorkerStorage, &work)
+            .await
+            .map_err(|e| {
+                StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+            })?;
         let mut bytes = 0;
         let mut summary = Vec::new();
-        for w in &self.workers {
-            let i = w.rank;
-            if let Some((name, options)) = &w.nfs_volume {
-                nfs(ctx, i, w, name, options)
-                    .await
-                    .map_err(|e| StepFailure::new(StepKind::ConfigureWorkerStorage, e, None))?;
-            }
-            if let Some(tree) = &w.local_tree {
-                check_local_tree(ctx, i, tree).await.map_err(|e| {
-                    StepFailure::new(
-                        StepKind::ConfigureWorkerStorage,
-                        e,
-                        Some(format!(
-                            "put the checkpoint's snapshot at {} on {} (for example `hf download {} --revision {} --cache-dir {}/hub` there), or set NFS_VOLUME to a volume name (nfs) or empty (copy)",
-                            tree.snapshot,
-                            w.node,
-                            ctx.config().config().model.id,
-                            ctx.facts().model_commit,
-                            tree.path
-                        )),
-                    )
-                    .at(Some(w.node.clone()), Some(i))
-                })?;
-            }
-            let jobs = engine.worker_jobs(ctx, i).await.map_err(fail)?;
-            let stats = ship(ctx, StepKind::ConfigureWorkerStorage, i, &jobs)
-                .await
-                .map_err(fail)?;
+        let mut first_failure = None;
+        for (w, r) in self.workers.iter().zip(shipped) {
+            let stats = match r {
+                Ok(s) => s,
+                Err(e) => {
+                    first_failure = first_failure.or(Some(fail(w, e)));
+                    continue;
+                }
+            };
             ctx.log(
                 StepKind::ConfigureWorkerStorage,
                 Some(&w.node),
@@ -461,11 +486,52 @@ impl ConfigureWorkerStorage {
             ));
             bytes += stats.bytes_sent;
         }
+        if let Some(f) = first_failure {
+            return Err(f);
+        }
         if bytes == 0 {
             return Ok(Outcome::Skipped {
                 reason: summary.join("; "),
             });
         }
         Ok(Outcome::Done { bytes: Some(bytes) })
+    }
+
+    /// One worker's preparation before the copy: its NFS volume (`nfs`) or the check of its own
+    /// tree (`local`); then the files it must receive.
+    async fn prepare(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+        w: &WorkerPlan,
+    ) -> Result<Vec<FileJob>, StepFailure> {
+        let i = w.rank;
+        if let Some((name, options)) = &w.nfs_volume {
+            nfs(ctx, i, w, name, options).await.map_err(|e| {
+                StepFailure::new(StepKind::ConfigureWorkerStorage, e, None)
+                    .at(Some(w.node.clone()), Some(i))
+            })?;
+        }
+        if let Some(tree) = &w.local_tree {
+            check_local_tree(ctx, i, tree).await.map_err(|e| {
+                StepFailure::new(
+                    StepKind::ConfigureWorkerStorage,
+                    e,
+                    Some(format!(
+                        "put the checkpoint's snapshot at {} on {} (for example `hf download {} --revision {} --cache-dir {}/hub` there), or set NFS_VOLUME to a volume name (nfs) or empty (copy)",
+                        tree.snapshot,
+                        w.node,
+                        ctx.config().config().model.id,
+                        ctx.facts().model_commit,
+                        tree.path
+                    )),
+                )
+                .at(Some(w.node.clone()), Some(i))
+            })?;
+        }
+        engine.worker_jobs(ctx, i).await.map_err(|e| {
+            StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+                .at(Some(w.node.clone()), Some(i))
+        })
     }
 }

@@ -1,4 +1,4 @@
-//! Acting on the pair, both ranks or neither: save both ranks' logs, stop rank 0 then rank 1 (the
+//! Acting on the ranks, all or none: save every rank's log, stop rank 0 then the followers (the
 //! `down` plan), and by policy start rank 1 then rank 0 and smoke (the `up` plan). The plans do
 //! the work; this module only orders them and keeps what was seen.
 
@@ -69,15 +69,17 @@ fn child_of(outer: &Context, config: ValidatedConfig) -> Arc<Context> {
     ctx
 }
 
-/// Stops both ranks, rank 0 first, each log saved (the `down` plan, without its stop marker).
+/// Stops both ranks, rank 0 first, each log saved (the `down` plan, without its stop marker),
+/// each rank given `watch.heal_stop_grace_s` before SIGKILL.
 ///
 /// # Errors
 ///
 /// The plan's [`RunError`].
 pub async fn stop_pair(outer: &Context) -> Result<(), Box<RunError>> {
     let ctx = child_of(outer, outer.config().clone());
+    let grace_s = ctx.config().config().watch.heal_stop_grace_s;
     // Boxed: a plan run is a large future; heals nest it deep in the watch loop.
-    Box::pin(Plan::teardown(ctx.config()).run(&ctx))
+    Box::pin(Plan::teardown_with_grace(ctx.config(), grace_s).run(&ctx))
         .await
         .map(|_| ())
         .map_err(Box::new)

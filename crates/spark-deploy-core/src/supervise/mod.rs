@@ -1,7 +1,7 @@
 //! `spark-deploy watch`: the supervisor that keeps a running pair serving.
 //!
 //! Every `watch.interval_s` it takes a [`sample`] of every node and of rank 0's counters,
-//! [`decide`]s on the window of samples (a pure function), and [`act`]s on both ranks or neither:
+//! [`decide`]s on the window of samples (a pure function), and [`act`]s on all ranks or none:
 //! logs saved first, rank 0 stopped before rank 1, rank 1 started before rank 0, then Smoke — the
 //! `down` and `up` plans do the work. At most `watch.max_heals_per_hour` heals, then it stops the
 //! pair, writes the stop marker and stays down. A pair stopped by `down` (the stop marker) is never
@@ -462,6 +462,20 @@ async fn heal(
         }
         Err(LockError::Io { .. }) | Ok(_) => {}
     }
+    // A `down` that ended between the sample and now wrote its stop marker under the lock: the
+    // marker read before the sample is stale, read it again.
+    if me.files.read_stop().is_some() {
+        log(
+            ctx,
+            Level::Info,
+            format!(
+                "{}: the pair was stopped meanwhile (stop marker); not acting",
+                finding.describe()
+            ),
+        );
+        me.window.clear();
+        return Ok(());
+    }
     let t = Instant::now();
     let what = match action {
         Action::StopForGood { .. } => "stopping the pair for good",
@@ -479,7 +493,7 @@ async fn heal(
             ctx,
             Level::Info,
             format!(
-                "saved both ranks' logs before stopping them: {}",
+                "saved every rank's log before stopping them: {}",
                 saved
                     .iter()
                     .map(|p| p.display().to_string())
@@ -522,7 +536,7 @@ async fn heal(
             source: source(),
             error: format!("stopping the pair failed: {e}"),
             remedy: Some(
-                "check both nodes' Docker; watch tries again (within watch.max_heals_per_hour)"
+                "check every node's Docker; watch tries again (within watch.max_heals_per_hour)"
                     .to_owned(),
             ),
         });

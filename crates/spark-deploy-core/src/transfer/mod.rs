@@ -4,8 +4,10 @@
 //! behind a per-run random token ([`server`]); each worker pulls with `curl` through its Exec port,
 //! several files in parallel, resuming `.partial` files, and verifies size and sha256 before the
 //! rename ([`pull`]). A manifest of verified files on the worker makes an up-to-date re-run move
-//! nothing. The token travels on the SSH session's stdin, never in argv.
+//! nothing. The token travels on the SSH session's stdin, never in argv. Several workers are fed at
+//! once ([`fan_out`]).
 
+pub mod fan_out;
 pub mod ownership;
 pub mod pull;
 pub mod server;
@@ -151,6 +153,30 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((s.sent, s.bytes_sent), (1, 7));
+        // A damaged partial: the bytes it holds are hashed ahead of the rest of the stream, the
+        // sum disagrees, the partial is removed (never renamed), and the next run sends it all.
+        std::fs::remove_file(dst.join("big.bin")).unwrap();
+        let mut damaged = big[..1_500_000].to_vec();
+        damaged[1234] ^= 0x40;
+        std::fs::write(dst.join("big.bin.partial"), &damaged).unwrap();
+        let err = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("sha256"), "{err}");
+        assert!(!dst.join("big.bin").exists() && !dst.join("big.bin.partial").exists());
+        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+            .await
+            .unwrap();
+        assert_eq!((s.sent, s.bytes_sent), (1, 3_000_000));
+        assert_eq!(std::fs::read(dst.join("big.bin")).unwrap(), big);
+        assert!(
+            std::fs::read_dir(&dst).unwrap().all(|e| !e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".failed")),
+            "no attempt marker is left behind"
+        );
         // No token, no file.
         let url = server.allow(src.join("big.bin"));
         let code = tokio::process::Command::new("curl")

@@ -12,22 +12,37 @@ use crate::ports::exec::{Cmd, Exec};
 /// The script each pull runs on the worker. Reads the token from stdin (never argv), resumes a
 /// `.partial`, checks size and sha256, renames, records the file in the manifest (so a run that
 /// ends early never sends it again) and prints the final mtime.
-/// Hashing uses `openssl dgst` when the worker has it (SHA extensions: ~1 GB/s here, where
-/// coreutils' `sha256sum` does ~0.2 GB/s and would cap the copy), else `sha256sum`.
+///
+/// One pass over the bytes: what `curl` receives goes through `tee` into the partial and into the
+/// hash at once (a resumed partial's prefix is read once, ahead of the stream), so the file is never
+/// read back after it was written. A failed attempt (curl, the prefix or the write: marked by a
+/// `.failed` file beside the destination, since `sh` has no pipefail) that moved bytes resumes
+/// from what landed, up to 4 attempts; one that moved none (the server gone) fails at once. Hashing uses `openssl dgst` when the worker has it (SHA extensions: ~1 GB/s
+/// here, where coreutils' `sha256sum` does ~0.2 GB/s and would cap the copy), else `sha256sum`.
 const PULL: &str = r#"set -u
 if command -v openssl >/dev/null 2>&1; then h() { openssl dgst -sha256 -r "$@"; }; else h() { sha256sum "$@"; }; fi
 IFS= read -r token
-url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; manifest="$6"; part="$dest.partial"
+url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; manifest="$6"; part="$dest.partial"; failed="$dest.failed"
 mkdir -p -- "$(dirname -- "$dest")" "$(dirname -- "$manifest")" || exit 10
 have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
 if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
-if [ "$have" -lt "$size" ]; then
-  printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --retry 3 --retry-delay 1 --speed-limit 1024 --speed-time 30 -H @- -C - -o "$part" -- "$url" || exit 11
-fi
+sum=; tries=0
+while [ "$have" -lt "$size" ]; do
+  tries=$((tries + 1)); rm -f -- "$failed"
+  sum=$( { [ "$have" -eq 0 ] || cat -- "$part" || : > "$failed"
+    { printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --speed-limit 1024 --speed-time 30 -H @- -C "$have" -o - -- "$url" || : > "$failed"; } | { tee -a -- "$part" || : > "$failed"; }
+  } | h | cut -d' ' -f1 )
+  [ -f "$part" ] || : > "$part"
+  before=$have; have=$(stat -c %s -- "$part")
+  [ -e "$failed" ] || break
+  rm -f -- "$failed"; sum=
+  [ "$have" -gt "$before" ] && [ "$tries" -lt 4 ] || exit 11
+  sleep 1
+done
 [ -f "$part" ] || : > "$part"
 got=$(stat -c %s -- "$part")
 [ "$got" = "$size" ] || { echo "size $got, expected $size" >&2; exit 12; }
-sum=$(h "$part" | cut -d' ' -f1)
+[ -n "$sum" ] || sum=$(h "$part" | cut -d' ' -f1)
 [ "$sum" = "$sha" ] || { rm -f -- "$part"; echo "sha256 $sum, expected $sha (partial removed)" >&2; exit 13; }
 chmod "$mode" -- "$part" && mv -f -- "$part" "$dest" || exit 14
 mtime=$(stat -c %.9Y -- "$dest") || exit 14
@@ -103,7 +118,11 @@ fn save_cache(path: &Path, cache: &HashMap<String, String>) {
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let tmp = path.with_extension("partial");
+    // Transfers to several workers run at once: each writes its own partial file (created
+    // exclusively, never through a planted link), and the last rename wins with a complete cache.
+    static WRITER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("{}.{n}.partial", std::process::id()));
     if crate::safe_fs::write_exclusive(&tmp, text).is_ok() {
         let _ = std::fs::rename(&tmp, path);
     }
@@ -124,6 +143,32 @@ pub struct TransferProgress<'a> {
     pub file_done: u64,
     /// Its size.
     pub file_total: u64,
+}
+
+/// The sha256 of every head file in `sources`, in order, from `hash_cache` (by path, size and
+/// mtime) or read now and recorded there; computed off the async threads. Warming the cache once
+/// for the files several transfers share spares each of them the reading.
+///
+/// # Errors
+///
+/// [`TransferError::Source`] naming a file that cannot be read.
+pub async fn source_hashes(
+    sources: Vec<PathBuf>,
+    hash_cache: &Path,
+) -> Result<Vec<String>, TransferError> {
+    let cache_path = hash_cache.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut cache = load_cache(&cache_path);
+        let r: Result<Vec<String>, TransferError> =
+            sources.iter().map(|p| head_sha(p, &mut cache)).collect();
+        save_cache(&cache_path, &cache);
+        r
+    })
+    .await
+    .map_err(|e| TransferError::Source {
+        path: hash_cache.to_owned(),
+        source: std::io::Error::other(e),
+    })?
 }
 
 /// How often files in flight are reported.
@@ -154,20 +199,7 @@ pub async fn transfer(
         detail,
     };
     // Head hashes (cached), computed off the async threads.
-    let cache_path = hash_cache.to_owned();
-    let sources: Vec<PathBuf> = jobs.iter().map(|j| j.from.clone()).collect();
-    let hashes = tokio::task::spawn_blocking(move || {
-        let mut cache = load_cache(&cache_path);
-        let r: Result<Vec<String>, TransferError> =
-            sources.iter().map(|p| head_sha(p, &mut cache)).collect();
-        save_cache(&cache_path, &cache);
-        r
-    })
-    .await
-    .map_err(|e| TransferError::Source {
-        path: hash_cache.to_owned(),
-        source: std::io::Error::other(e),
-    })??;
+    let hashes = source_hashes(jobs.iter().map(|j| j.from.clone()).collect(), hash_cache).await?;
     // What the worker already holds, verified (pulls append, so a later line for a path wins).
     let recorded: HashMap<String, (u64, String, String)> = match exec.read_file(manifest).await {
         Ok(b) => String::from_utf8_lossy(&b)

@@ -166,6 +166,9 @@ fn random_token() -> String {
     hex::encode(b)
 }
 
+/// Bytes per read of a served file.
+const READ_CHUNK: usize = 1 << 20;
+
 async fn serve(
     State(s): State<Arc<Shared>>,
     UrlPath(id): UrlPath<String>,
@@ -183,7 +186,13 @@ async fn serve(
     let Some(path) = s.files.read().ok().and_then(|f| f.get(&id).cloned()) else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    match ServeFile::new(path.clone()).oneshot(req).await {
+    // 1 MiB reads (the default is 64 KiB): each read is a blocking-pool round trip, and with
+    // several workers pulling at once their per-chunk cost is what the head's cores spend.
+    match ServeFile::new(path.clone())
+        .with_buf_chunk_size(READ_CHUNK)
+        .oneshot(req)
+        .await
+    {
         Ok(r) => {
             let (parts, body) = r.into_parts();
             let start = range_start(&parts.headers);

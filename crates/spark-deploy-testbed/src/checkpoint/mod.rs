@@ -118,7 +118,8 @@ impl CheckpointSpec {
             rope_dim: 32,
             q_lora: 128,
             o_lora: 64,
-            o_groups: 2,
+            // 4, not 2: every split dimension divides at W=4 as well (four testbed nodes).
+            o_groups: 4,
             experts: 16,
             draft_experts: 8,
             expert_width: 256,
@@ -267,17 +268,34 @@ impl CheckpointSpec {
         if self.engram_rows.len() != self.engram_layers.len() {
             return bad("one engram row count per Engram layer".into());
         }
+        // Every split dimension divides into whole 16-element tiles at world 2 and at world 4.
+        let engram_cols = (self.engram_ngram - 1) * self.engram_heads;
+        for (what, whole, per_rank) in [
+            ("heads", self.heads, 1),
+            ("o_groups", self.o_groups, 1),
+            ("engram hash columns", engram_cols, 1),
+            ("vocab", self.vocab, 16),
+            ("heads*head_dim", self.heads * self.head_dim, 16),
+            ("o_groups*o_lora", self.o_groups * self.o_lora, 16),
+            ("expert_width", self.expert_width, 16),
+            ("engram rows", engram_cols * self.engram_head_dim, 16),
+        ] {
+            for world in [2, 4] {
+                if whole % world != 0 || (whole / world) % per_rank != 0 {
+                    return bad(format!(
+                        "{what} = {whole} does not split into {world} parts{}",
+                        if per_rank > 1 {
+                            " of whole 16-element tiles"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+            }
+        }
         for (what, v) in [
             ("hidden", self.hidden),
-            ("vocab/2", self.vocab / 2),
-            ("heads*head_dim/2", self.heads * self.head_dim / 2),
-            ("o_groups/2*o_lora", self.o_groups / 2 * self.o_lora),
-            ("expert_width/2", self.expert_width / 2),
             ("q_lora", self.q_lora),
-            (
-                "engram rows/2",
-                (self.engram_ngram - 1) * self.engram_heads / 2 * self.engram_head_dim,
-            ),
             ("index_head_dim", self.index_head_dim),
             ("head_dim", self.head_dim),
         ] {

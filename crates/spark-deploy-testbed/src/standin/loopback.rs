@@ -169,6 +169,40 @@ impl LoopbackInputs {
     pub fn cache(&self, rank: usize) -> &Path {
         &self.caches[rank.min(1)]
     }
+
+    /// Builds every rank's file for `world` ranks (each in its own directory, as each node holds
+    /// only its own) from the same checkpoint, with the native builder; the directories in rank
+    /// order.
+    ///
+    /// # Errors
+    /// [`LoopbackError::Inputs`] when the plan or the builder fails (a dimension that does not
+    /// split into `world` parts).
+    pub fn rank_caches_at(&self, world: usize) -> Result<Vec<PathBuf>, LoopbackError> {
+        let fail = |detail: String| LoopbackError::Inputs {
+            dir: self.dir.path().to_owned(),
+            detail,
+        };
+        let opts = RankCacheOptions {
+            engine_shape_guard: false,
+            chunk_bytes: 256 << 10,
+            threads: 1,
+            ..RankCacheOptions::default()
+        };
+        (0..world)
+            .map(|rank| {
+                let out = self.dir.path().join(format!("rank-cache-{rank}of{world}"));
+                if !out.is_dir() {
+                    let plan = plan_rank_cache(&self.model, rank, world, &opts)
+                        .map_err(|e| fail(e.to_string()))?;
+                    build_rank_cache(&plan, &out, &opts, &mut |_: &RankCacheProgress| {
+                        Ok::<(), Cancelled>(())
+                    })
+                    .map_err(|e| fail(e.to_string()))?;
+                }
+                Ok(out)
+            })
+            .collect()
+    }
 }
 
 /// How a pair is started.

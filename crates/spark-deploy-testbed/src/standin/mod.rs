@@ -4,7 +4,7 @@
 //! base name of `argv[0]`:
 //! - `tensorfold-native` (or `tensorfold`) → rank 0: `serve MODEL_DIR [flags]` + env
 //!   ([`args::parse_rank0`]), loads and checks its inputs, rendezvous (binds
-//!   `TF_TP_MASTER:TF_TP_PORT`, waits with no timeout), runs the split proof with rank 1, then
+//!   `TF_TP_MASTER:TF_TP_PORT`, waits with no timeout), runs the split proof with the followers, then
 //!   serves the HTTP API ([`server`]) until SIGTERM/SIGINT, on which it sends `done` and exits 0;
 //! - `tf-dsv41-lanes` → rank 1: `MODEL CACHE RANK WORLD MASTER PORT KIT [--key value ...]`
 //!   ([`args::parse_rank1`]), loads, prints its loaded line, connects (retrying every 250 ms for
@@ -54,7 +54,15 @@
 //! - `--pool` ≠ `--context` is only noticed as the engine notices it: a larger rank-0 pool makes
 //!   rank 1 fail with `FrameTooLong` (rank 0 then serves with a failed proof: every chat is 500);
 //!   a smaller one goes unnoticed. Drafts, kit, token map and Engram mismatches are not checked.
-//! - Not emulated: rank-0 gate mode of `tf-dsv41-lanes`, TP=4 (`NotPortedYet`), NCCL/RDMA,
+//! - World 4 is the TP=4 build's: with `TF_DS_WINDOW` set (only that build reads it) rank 0 takes
+//!   `TF_TP_WORLD=4`, its pool is the window (`--context` bounds one request, at most the window),
+//!   the followers take `--round-rows/--streams/--context` (all three, rows and streams equal to
+//!   `TF_DS_ROUND_ROWS`/`TF_DS_STREAMS`), and follower g joins rank 0 on `TF_TP_PORT` + g − 1 (rank
+//!   0 listens on one port per follower); the proof combines every rank's partials. Without the
+//!   window, world 4 is `NotPortedYet` and those flags are unknown keys. After a follower fails,
+//!   rank 0 keeps the other followers' links open and unused (they hang as in a collective): only
+//!   the deployer's stop ends them.
+//! - Not emulated: rank-0 gate mode of `tf-dsv41-lanes`, TP=4 `--parity`, NCCL/RDMA,
 //!   `follow_refused`, `/v1/completions`, `/v1/responses`, `/v1/messages`, `/detokenize` (404),
 //!   non-PNG images (400: the image has no python3/Pillow), the config shape guard (the real
 //!   model's dimensions; test-scale checkpoints must pass), kit `MANIFEST` verification (not done
@@ -293,7 +301,7 @@ fn run_rank1(
     out: &mut dyn Write,
 ) -> Result<u8, StandinError> {
     let start = Instant::now();
-    let a: Rank1Args = args::parse_rank1(argv)?;
+    let a: Rank1Args = args::parse_rank1(argv, env)?;
     args::check_kit_variants(env)?;
     let engram = a.engram.clone().unwrap_or_default();
     let token_map = a.token_map.clone().unwrap_or_default();
@@ -329,7 +337,11 @@ fn run_rank1(
         .get(CONNECT_TIMEOUT_ENV)
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(300);
-    let mut s = link::connect(a.master, a.port, Duration::from_secs(timeout))?;
+    let mut s = link::connect(
+        a.master,
+        args::follower_port(a.port, a.rank),
+        Duration::from_secs(timeout),
+    )?;
     if faults::Faults::from_env(env)?.has(faults::Fault::CrashLoop) {
         crash_after(a.rank, faults::CRASH_AFTER);
     }
@@ -442,7 +454,7 @@ fn run_rank0(
         &a.env.kernels,
         &a.env.engram,
         &a.env.token_map,
-        a.context,
+        a.pool(),
         env,
     )?;
     let ckpt = Checkpoint::open(&a.model_dir)?;
@@ -469,60 +481,75 @@ async fn rank0_async(
     // printed once SIGTERM is handled, so a stop right after this line is a clean exit 0
     let _ = writeln!(
         out,
-        "{{\"rank\": 0, \"loaded_s\": {loaded_s}, \"pool\": {}, \"rendezvous\": \"{}:{}\", \"digest\": {}}}",
-        a.context,
+        "{{\"rank\": 0, \"loaded_s\": {loaded_s}, \"pool\": {}, \"world\": {}, \"rendezvous\": \"{}:{}\", \"digest\": {}}}",
+        a.pool(),
+        a.env.world,
         a.env.master,
         a.env.port,
         serde_json::to_string(&l.digest).unwrap_or_else(|_| "{}".to_owned())
     );
     let _ = out.flush();
-    // the engine waits for rank 1 with no timeout; a stop while waiting ends the process cleanly
-    let mut s = tokio::select! {
-        r = link::accept_once(a.env.master, a.env.port) => r?,
+    // the engine waits for its followers with no timeout (follower g on port + g − 1); a stop
+    // while waiting ends the process cleanly
+    let accepts = futures::future::try_join_all(
+        (1..a.env.world)
+            .map(|g| link::accept_once(a.env.master, args::follower_port(a.env.port, g))),
+    );
+    let mut streams = tokio::select! {
+        r = accepts => r?,
         _ = sigterm.recv() => return Ok(0),
         _ = tokio::signal::ctrl_c() => return Ok(0),
     };
     // the first frame carries a payload sized by rank 0's pool
-    let pad = usize::try_from((a.context + 1) * 4).unwrap_or(usize::MAX);
+    let pad = usize::try_from((a.pool() + 1) * 4).unwrap_or(usize::MAX);
     let mut fields = vec![0u8; pad];
     fields[..4].copy_from_slice(&(l.tensors.len() as u32).to_le_bytes());
     fields[4..8].copy_from_slice(&(a.env.rdma_devices.len() as u32).to_le_bytes());
+    let init = link::payload(kind::INIT, 0, &fields);
     let exchanged = async {
-        link::write_frame_async(&mut s, &link::payload(kind::INIT, 0, &fields)).await?;
-        let f = link::read_frame_async(&mut s, 1 << 30).await?;
-        let (k, step, body) = link::split_payload(&f)?;
-        if k != kind::PARTIALS || step != 0 {
-            return Err(LinkError::BadFrame);
+        let mut bodies = Vec::with_capacity(streams.len());
+        for s in &mut streams {
+            link::write_frame_async(s, &init).await?;
         }
-        Ok(body.to_vec())
+        for s in &mut streams {
+            let f = link::read_frame_async(s, 1 << 30).await?;
+            let (k, step, body) = link::split_payload(&f)?;
+            if k != kind::PARTIALS || step != 0 {
+                return Err(LinkError::BadFrame);
+            }
+            bodies.push(body.to_vec());
+        }
+        Ok(bodies)
     }
     .await;
-    let (proof, stream) = match exchanged {
-        Ok(body) => {
-            let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-            let theirs = v["rdma_devices"].as_u64().unwrap_or(0) as usize;
-            if theirs != a.env.rdma_devices.len() {
-                return Err(LinkError::BadInfo {
-                    ours: a.env.rdma_devices.len(),
-                    theirs,
-                }
-                .into());
-            }
-            let peer: Vec<Partial> =
-                serde_json::from_value(v["partials"].clone()).unwrap_or_default();
+    let (proof, streams) = match exchanged {
+        Ok(bodies) => {
             let mut all = l.partials.clone();
-            all.extend(peer);
+            for body in bodies {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let theirs = v["rdma_devices"].as_u64().unwrap_or(0) as usize;
+                if theirs != a.env.rdma_devices.len() {
+                    return Err(LinkError::BadInfo {
+                        ours: a.env.rdma_devices.len(),
+                        theirs,
+                    }
+                    .into());
+                }
+                let peer: Vec<Partial> =
+                    serde_json::from_value(v["partials"].clone()).unwrap_or_default();
+                all.extend(peer);
+            }
             let tensors = l.tensors.clone();
             let world = a.env.world;
             let proof =
                 tokio::task::spawn_blocking(move || split::prove(&ckpt, &tensors, &all, world))
                     .await
                     .unwrap_or_else(|e| ProofReport::failed(format!("the proof panicked: {e}")));
-            (proof, Some(s))
+            (proof, streams)
         }
         Err(e) => (
             ProofReport::failed(format!("{} during the split proof exchange", e.detail())),
-            None,
+            Vec::new(),
         ),
     };
     let mut ids = vec![a.name.clone()];
@@ -531,7 +558,7 @@ async fn rank0_async(
         served_ids: ids,
         keys,
         metrics_open: a.metrics_open,
-        pool: a.context,
+        pool: a.pool(),
         max_tokens: a.max_tokens,
         thinking: a.thinking,
         vision: l.cfg.vision,
@@ -551,7 +578,7 @@ async fn rank0_async(
         proof.to_json()
     );
     let _ = out.flush();
-    let state = server::AppState::new(cfg, stream, 0);
+    let state = server::AppState::new(cfg, streams, 0);
     let app = server::router(state.clone());
     // streamed chunks leave at once (no Nagle delay behind the client's delayed ACK)
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {

@@ -8,15 +8,25 @@ use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions};
 
 pub type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-/// Runs `scenario(info, home)` on a fresh testbed, then `cluster::down`; panics with the first
-/// error.
+/// Runs `scenario(info, home)` on a fresh testbed (one worker), then `cluster::down`; panics
+/// with the first error.
 pub async fn on_testbed<F, Fut>(scenario: F)
+where
+    F: FnOnce(TestbedInfo, PathBuf) -> Fut,
+    Fut: Future<Output = R<()>>,
+{
+    on_testbed_with(1, scenario).await;
+}
+
+/// [`on_testbed`] with `workers` workers.
+pub async fn on_testbed_with<F, Fut>(workers: u8, scenario: F)
 where
     F: FnOnce(TestbedInfo, PathBuf) -> Fut,
     Fut: Future<Output = R<()>>,
 {
     let opts = TestbedOptions {
         install_tools: true,
+        workers,
         ..TestbedOptions::default()
     };
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);

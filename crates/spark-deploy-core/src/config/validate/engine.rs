@@ -39,11 +39,32 @@ pub(super) fn engine(c: &mut Checker, config: &DeploymentConfig, limits: &Engine
         u16::MAX,
         "",
     );
-    if config.engine.rendezvous_port == s.port {
+    // Follower g joins rank 0 on rendezvous_port + g − 1: the ports of every follower.
+    let followers = u32::try_from(config.nodes.len().saturating_sub(1)).unwrap_or(u32::MAX);
+    let first = u32::from(config.engine.rendezvous_port);
+    let last = first + followers.saturating_sub(1);
+    if last > u32::from(u16::MAX) {
         c.refuse(
             "engine.rendezvous_port",
             config.engine.rendezvous_port,
-            "a port different from serving.port",
+            format!(
+                "1..={}: follower g joins rendezvous_port + g − 1, and {followers} followers need {followers} ports",
+                u32::from(u16::MAX) + 1 - followers.max(1)
+            ),
+        );
+    }
+    if (first..=last.max(first)).contains(&u32::from(s.port)) {
+        c.refuse(
+            "engine.rendezvous_port",
+            config.engine.rendezvous_port,
+            if followers > 1 {
+                format!(
+                    "a port range {first}..={last} (one per follower) that leaves out serving.port {}",
+                    s.port
+                )
+            } else {
+                "a port different from serving.port".to_owned()
+            },
         );
     }
     if config.engine.image.is_empty() {
@@ -142,8 +163,20 @@ pub(super) fn engine(c: &mut Checker, config: &DeploymentConfig, limits: &Engine
                 "\"\"",
                 "a non-empty value (empty engine values are read as 0)",
             );
-        } else if k == "TF_DS_ROUND_ROWS" && v != "16" {
+        } else if k == "TF_DS_ROUND_ROWS" && !limits.tp4_branch && v != "16" {
             c.refuse(field, v, "16 (the TP=2 kit recorded 16-row rounds only)");
+        } else if k == "TF_DS_ROUND_ROWS"
+            && v.parse::<u32>()
+                .map_or(true, |n| !(16..=limits.max_round_rows).contains(&n))
+        {
+            c.refuse(
+                field,
+                v,
+                format!(
+                    "16..={} (the TP=4 kit's rows per round)",
+                    limits.max_round_rows
+                ),
+            );
         } else if k == "TF_DS_STREAMS"
             && v.parse::<u32>()
                 .map_or(true, |n| n > limits.max_parallel || n < s.parallel)
@@ -151,10 +184,30 @@ pub(super) fn engine(c: &mut Checker, config: &DeploymentConfig, limits: &Engine
             c.refuse(
                 field,
                 v,
-                format!("serving.parallel..={} (the TP=2 kit)", limits.max_parallel),
+                format!(
+                    "serving.parallel..={} (the {} kit)",
+                    limits.max_parallel,
+                    if limits.tp4_branch { "TP=4" } else { "TP=2" }
+                ),
+            );
+        } else if k == "TF_DS_WINDOW" && limits.tp4_branch {
+            c.refuse(
+                field,
+                v,
+                "nothing: the shared pool is serving.context (spark-deploy sets TF_DS_WINDOW from it)",
+            );
+        } else if k == "TF_DS_2D_GU" && limits.tp4_branch {
+            c.refuse(
+                field,
+                v,
+                "nothing: `parity` needs rank files written with --parity; spark-deploy builds the plain W=4 split",
             );
         } else if k == "TF_DS_WINDOW" || k == "TF_DS_2D_GU" {
-            c.refuse(field, v, "nothing: TP=4 builds only");
+            c.refuse(
+                field,
+                v,
+                "nothing: TP=4 builds only (deployment.engine = \"tensorfold-dsv41-tp4\")",
+            );
         }
     }
 }

@@ -51,6 +51,13 @@ pub(super) fn lifecycle(c: &mut Checker, config: &DeploymentConfig) {
         " GiB (a Spark has 128 GB)",
     );
     c.range("watch.max_heals_per_hour", w.max_heals_per_hour, 0, 60, "");
+    c.range(
+        "watch.heal_stop_grace_s",
+        w.heal_stop_grace_s,
+        0,
+        600,
+        " seconds",
+    );
     if w.wedge_s < 2.0 * w.interval_s {
         c.refuse(
             "watch.wedge_s",

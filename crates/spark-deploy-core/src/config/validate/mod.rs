@@ -81,7 +81,7 @@ impl ValidatedConfig {
     /// The engine's limits for this profile.
     #[must_use]
     pub fn limits(&self) -> EngineLimits {
-        EngineLimits::of(self.config.deployment.engine)
+        EngineLimits::of(self.config.deployment.engine, self.config.nodes.len())
     }
 }
 
@@ -230,7 +230,7 @@ pub fn validate(mut config: DeploymentConfig, home: &Path) -> Result<ValidatedCo
         problems: Vec::new(),
         warnings: Vec::new(),
     };
-    let limits = EngineLimits::of(config.deployment.engine);
+    let limits = EngineLimits::of(config.deployment.engine, config.nodes.len());
 
     c.name("deployment.name", &config.deployment.name, 40);
 

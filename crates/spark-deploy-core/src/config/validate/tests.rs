@@ -345,4 +345,76 @@ fn engine_repo_and_patches_are_never_read_as_git_options() {
         refused_field(|c| c.engine.patches = vec!["--exec=x".into()]),
         "engine.patches[0]"
     );
+/// Four nodes under the TP=4 profile: the head and three workers.
+pub(crate) fn four_nodes(c: &mut DeploymentConfig) {
+    c.deployment.engine = crate::config::EngineProfileName::TensorfoldDsv41Tp4;
+    for i in 2..4 {
+        let mut w = c.nodes[1].clone();
+        w.name = format!("worker-{i}");
+        w.ssh = format!("spark-{}", i + 1);
+        c.nodes.push(w);
+    }
+}
+
+#[test]
+fn four_nodes_need_the_tp4_profile_which_takes_two_or_four() {
+    let e = check(|c| {
+        four_nodes(c);
+        c.deployment.engine = crate::config::EngineProfileName::TensorfoldDsv41;
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("nodes = 4 node(s): allowed [2] nodes"), "{e}");
+    let v = check(four_nodes).unwrap();
+    assert_eq!(v.config().nodes.len(), 4);
+    assert!(v.limits().tp4_branch);
+    check(|c| c.deployment.engine = crate::config::EngineProfileName::TensorfoldDsv41Tp4).unwrap();
+    let e = check(|c| {
+        four_nodes(c);
+        c.nodes.truncate(3);
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("nodes = 3 node(s): allowed [2, 4] nodes"), "{e}");
+}
+
+#[test]
+fn the_tp4_profile_takes_its_own_settings_and_refuses_what_it_sets_itself() {
+    let v = check(|c| {
+        four_nodes(c);
+        c.serving.parallel = 16;
+        c.engine.env.insert("TF_DS_ROUND_ROWS".into(), "48".into());
+        c.engine.env.insert("TF_DS_STREAMS".into(), "16".into());
+    })
+    .unwrap();
+    assert_eq!(v.config().serving.parallel, 16);
+    for (k, val) in [
+        ("TF_DS_ROUND_ROWS", "64"),
+        ("TF_DS_WINDOW", "2097152"),
+        ("TF_DS_2D_GU", "parity"),
+    ] {
+        assert_eq!(
+            refused_field(|c| {
+                four_nodes(c);
+                c.engine.env.insert(k.into(), val.into());
+            }),
+            format!("engine.env.{k}")
+        );
+    }
+    // Follower g joins rendezvous_port + g − 1: three ports that must leave out the API's.
+    let e = check(|c| {
+        four_nodes(c);
+        c.engine.rendezvous_port = c.serving.port - 2;
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("(one per follower) that leaves out serving.port"),
+        "{e}"
+    );
+    check(|c| {
+        four_nodes(c);
+        c.engine.rendezvous_port = c.serving.port - 3;
+    })
+    .unwrap();
 }

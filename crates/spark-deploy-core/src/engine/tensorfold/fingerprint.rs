@@ -32,6 +32,9 @@ pub struct InputIdentity {
 pub struct RankSettings {
     /// Values by name, normalised across the two command-line shapes.
     pub values: BTreeMap<String, String>,
+    /// This rank's own rank file (`rank{R}of{W}-<index hash>.bin`): it differs by rank, so it is
+    /// not compared, but the fingerprint covers it.
+    pub rank_file: String,
 }
 
 fn flag(argv: &[String], key: &str) -> Option<String> {
@@ -60,12 +63,20 @@ impl RankSettings {
             v.insert(k.to_owned(), val.unwrap_or_else(|| "<absent>".to_owned()));
         };
         if spec.rank == 0 {
+            // The TP=4 branch's pool is `TF_DS_WINDOW`; `--context` then bounds one request.
+            if let Some(window) = e.get("TF_DS_WINDOW") {
+                put("pool", Some(window.clone()));
+                put("context", flag(a, "--context"));
+                put("round_rows", e.get("TF_DS_ROUND_ROWS").cloned());
+                put("streams", e.get("TF_DS_STREAMS").cloned());
+            } else {
+                put("pool", flag(a, "--context"));
+            }
             put("model_dir", a.get(2).cloned());
             put("rank_cache_dir", e.get("TF_DS_RANK_CACHE").cloned());
             put("kit_dir", e.get("TF_DS_KIT").cloned());
             put("engram_dir", e.get("TF_DS_ENGRAM").cloned());
             put("token_map", e.get("TF_DS_TOKEN_MAP").cloned());
-            put("pool", flag(a, "--context"));
             put(
                 "drafts",
                 Some(
@@ -103,6 +114,13 @@ impl RankSettings {
             put("engram_dir", flag(a, "--engram"));
             put("token_map", flag(a, "--token-map"));
             put("pool", flag(a, "--pool"));
+            // TP=4 followers: a request's positions, rows per round and streams as flags (the
+            // same values as rank 0's `--context`, `TF_DS_ROUND_ROWS` and `TF_DS_STREAMS`).
+            if let Some(context) = flag(a, "--context") {
+                put("context", Some(context));
+                put("round_rows", flag(a, "--round-rows"));
+                put("streams", flag(a, "--streams"));
+            }
             put(
                 "drafts",
                 Some(flag(a, "--drafts").unwrap_or_else(|| "1".to_owned())),
@@ -170,15 +188,19 @@ impl RankSettings {
                 .collect::<Vec<_>>()
                 .join(","),
         );
-        Self { values: v }
+        Self {
+            values: v,
+            rank_file: inputs.rank_file.clone(),
+        }
     }
+}
 
-    /// sha256 (hex) of the canonical JSON of the settings.
-    #[must_use]
-    pub fn fingerprint(&self) -> String {
-        let json = serde_json::to_string(&self.values).unwrap_or_default();
-        hex::encode(Sha256::digest(json.as_bytes()))
-    }
+/// sha256 (hex) of the canonical JSON of every rank's settings and rank file, in rank order.
+fn fingerprint_of(ranks: &[(usize, RankSettings)]) -> String {
+    let mut sorted: Vec<&(usize, RankSettings)> = ranks.iter().collect();
+    sorted.sort_by_key(|(r, _)| *r);
+    let json = serde_json::to_string(&sorted).unwrap_or_default();
+    hex::encode(Sha256::digest(json.as_bytes()))
 }
 
 /// A setting on which two ranks disagree.
@@ -194,7 +216,7 @@ pub struct Mismatch {
     pub rank: usize,
 }
 
-/// Compares every rank against rank 0; returns the common fingerprint or every mismatch.
+/// Compares every rank against rank 0; returns the fingerprint of all ranks or every mismatch.
 ///
 /// # Errors
 ///
@@ -226,7 +248,7 @@ pub fn compare(ranks: &[(usize, RankSettings)]) -> Result<String, Vec<Mismatch>>
         }
     }
     if out.is_empty() {
-        Ok(first.fingerprint())
+        Ok(fingerprint_of(ranks))
     } else {
         Err(out)
     }
@@ -250,10 +272,14 @@ mod tests {
     }
 
     fn id(token_map: &str) -> InputIdentity {
+        id_for(token_map, "rankXof2-abc.bin")
+    }
+
+    fn id_for(token_map: &str, rank_file: &str) -> InputIdentity {
         InputIdentity {
             kit_manifest_sha256: "k".into(),
             token_map_sha256: token_map.into(),
-            rank_file: "rankXof2-abc.bin".into(),
+            rank_file: rank_file.into(),
             engram_files: vec![("a".into(), 1)],
             image_content: "c0ffee".into(),
             inputs_source: "o/m@c".into(),
@@ -316,5 +342,52 @@ mod tests {
             value(&s[1], "--context"),
             v.config().serving.context.to_string()
         );
+    }
+
+    fn four_nodes(c: &mut DeploymentConfig) {
+        c.deployment.engine = crate::config::EngineProfileName::TensorfoldDsv41Tp4;
+        for i in 2..4 {
+            let mut w = c.nodes[1].clone();
+            w.name = format!("worker-{i}");
+            w.ssh = format!("spark-{}", i + 1);
+            c.nodes.push(w);
+        }
+    }
+
+    #[test]
+    fn four_ranks_match_and_the_fingerprint_covers_every_rank_file() {
+        let s = specs(four_nodes);
+        assert_eq!(
+            s.iter().map(|c| c.rank).collect::<Vec<_>>(),
+            [3, 2, 1, 0],
+            "followers 3, 2, 1, then rank 0"
+        );
+        let ranks = |files: [&str; 4]| -> Vec<_> {
+            s.iter()
+                .map(|c| (c.rank, RankSettings::of(c, &id_for("t", files[c.rank]))))
+                .collect()
+        };
+        let files = [
+            "rank0of4-a.bin",
+            "rank1of4-b.bin",
+            "rank2of4-c.bin",
+            "rank3of4-d.bin",
+        ];
+        let fp = compare(&ranks(files)).unwrap();
+        // Another rank 2 file (another split) changes the fingerprint of the four.
+        let mut other = files;
+        other[2] = "rank2of4-e.bin";
+        assert_ne!(compare(&ranks(other)).unwrap(), fp);
+        // The TP=4 settings are compared: a follower with another --streams is refused by name.
+        let mut s2 = s.clone();
+        let i = s2[1].argv.iter().position(|a| a == "--streams").unwrap();
+        s2[1].argv[i + 1] = "16".into();
+        let ranks: Vec<_> = s2
+            .iter()
+            .map(|c| (c.rank, RankSettings::of(c, &id_for("t", files[c.rank]))))
+            .collect();
+        let m = compare(&ranks).unwrap_err();
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert_eq!((m[0].setting.as_str(), m[0].rank), ("streams", 2));
     }
 }

@@ -1,9 +1,11 @@
-//! The two ranks' containers: argv, env and mounts exactly as the engine takes them (docs/engine-contract.md, "Launch lines").
+//! The ranks' containers: argv, env and mounts exactly as the engine takes them (docs/engine-contract.md, "Launch lines").
 //!
-//! Rank 1 (`tf-dsv41-lanes`) takes positional `MODEL CACHE RANK WORLD MASTER PORT KIT` then
+//! A follower (`tf-dsv41-lanes`) takes positional `MODEL CACHE RANK WORLD MASTER PORT KIT` then
 //! `--key value` pairs; rank 0 (`tensorfold-native serve`) takes its inputs from the environment.
-//! Every value both ranks must agree on is computed once in `Shared` and rendered into
-//! both, so the pair cannot drift.
+//! Every value the ranks must agree on is computed once in `Shared` and rendered into every
+//! rank, so they cannot drift. The TP=4 branch adds its own settings ([`Tp4`]): the shared pool
+//! `TF_DS_WINDOW`, rows per round and streams in every rank's environment, and the followers'
+//! `--round-rows/--streams/--context`.
 
 use std::collections::BTreeMap;
 
@@ -36,7 +38,30 @@ fn flag(on: bool) -> String {
     if on { "1" } else { "0" }.to_owned()
 }
 
-/// Values both ranks must carry identically (the engine never compares them).
+/// The TP=4 branch's settings, identical on every rank.
+struct Tp4 {
+    /// Rows per round (`TF_DS_ROUND_ROWS`, `--round-rows`): `engine.env`'s, else the engine's 16.
+    round_rows: String,
+    /// Pool streams (`TF_DS_STREAMS`, `--streams`): `engine.env`'s, else the engine's 4 or
+    /// `serving.parallel` when larger.
+    streams: String,
+}
+
+impl Tp4 {
+    fn new(config: &ValidatedConfig) -> Option<Self> {
+        if !config.limits().tp4_branch {
+            return None;
+        }
+        let c = config.config();
+        let env = |k: &str| c.engine.env.get(k).cloned();
+        Some(Self {
+            round_rows: env("TF_DS_ROUND_ROWS").unwrap_or_else(|| "16".to_owned()),
+            streams: env("TF_DS_STREAMS").unwrap_or_else(|| c.serving.parallel.max(4).to_string()),
+        })
+    }
+}
+
+/// Values every rank must carry identically (the engine never compares them).
 struct Shared {
     model_dir: String,
     master: String,
@@ -44,8 +69,10 @@ struct Shared {
     world: String,
     pool: String,
     token_map: String,
-    /// Environment identical on every rank: replay floor, opaque switches, user pass-through.
+    /// Environment identical on every rank: replay floor, opaque switches, user pass-through,
+    /// the TP=4 settings.
     common_env: BTreeMap<String, String>,
+    tp4: Option<Tp4>,
 }
 
 impl Shared {
@@ -62,6 +89,15 @@ impl Shared {
                 .map(|(k, v)| (k.clone(), v.clone())),
         );
         common_env.extend(c.engine.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let pool = facts.context(config);
+        let tp4 = Tp4::new(config);
+        if let Some(t) = &tp4 {
+            // The TP=4 branch separates the pool (`TF_DS_WINDOW`) from a request's positions
+            // (`--context`); spark-deploy gives both `serving.context`.
+            common_env.insert("TF_DS_WINDOW".to_owned(), pool.clone());
+            common_env.insert("TF_DS_ROUND_ROWS".to_owned(), t.round_rows.clone());
+            common_env.insert("TF_DS_STREAMS".to_owned(), t.streams.clone());
+        }
         Self {
             model_dir: NodeLayout::snapshot_under(
                 paths::HF,
@@ -71,9 +107,10 @@ impl Shared {
             master: facts.nodes[0].fabric_addr.to_string(),
             port: c.engine.rendezvous_port.to_string(),
             world: c.nodes.len().to_string(),
-            pool: facts.context(config),
+            pool,
             token_map: format!("{}/{TOKEN_MAP_FILE}", paths::CACHE),
             common_env,
+            tp4,
         }
     }
 }
@@ -315,11 +352,27 @@ fn follower(
         ("--prefetch", flag(c.engine.l2_prefetch)),
         ("--aio", flag(c.engine.engram_aio)),
     ]);
+    if let Some(t) = &shared.tp4 {
+        pairs.extend([
+            ("--round-rows", t.round_rows.clone()),
+            ("--streams", t.streams.clone()),
+            ("--context", shared.pool.clone()),
+        ]);
+    }
     for (k, v) in pairs {
         argv.push(k.to_owned());
         argv.push(v);
     }
     base_spec(config, rank, f, argv, env)
+}
+
+/// The port on the head's fabric address follower `rank` joins: `engine.rendezvous_port` + rank − 1
+/// (one listener of rank 0 per follower; at world 2 the port itself). Every follower is given the
+/// base port and derives its own.
+#[must_use]
+pub fn rendezvous_port(config: &ValidatedConfig, rank: usize) -> u16 {
+    let base = config.config().engine.rendezvous_port;
+    base.saturating_add(u16::try_from(rank.saturating_sub(1)).unwrap_or(u16::MAX))
 }
 
 /// Every rank's container in start order: followers from the highest rank down, rank 0 last.

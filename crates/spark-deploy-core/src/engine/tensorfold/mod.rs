@@ -1,4 +1,5 @@
-//! TensorFold's native Zig `dsv41` engine at TP=2 (`docs/engine-contract.md`).
+//! TensorFold's native Zig `dsv41` engine: the TP=2 branch (`tensorfold-dsv41`) and the TP=4
+//! branch on two or four nodes (`tensorfold-dsv41-tp4`) (`docs/engine-contract.md`).
 
 mod bias_fetch;
 pub mod fingerprint;
@@ -10,15 +11,10 @@ mod profile;
 mod rank_inputs;
 mod worker_inputs;
 
-pub use profile::TensorfoldDsv41;
 #[cfg(test)]
 pub(crate) use profile::build_recipe;
+pub use profile::{Branch, TensorfoldDsv41};
 pub use rank_inputs::{RankInputs, RankOutput};
-
-use super::EngineLimits;
-
-/// The profile's limits.
-pub const LIMITS: EngineLimits = crate::engine::limits::TENSORFOLD_DSV41;
 
 /// Rank 1's binary.
 pub const FOLLOWER_BIN: &str = "/engine/tf-dsv41-lanes";

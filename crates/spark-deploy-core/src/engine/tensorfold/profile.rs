@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use super::{
     FOLLOWER_BIN, SERVER_BIN, bias_fetch, identity, launch, probes, rank_inputs, worker_inputs,
 };
-use crate::config::ValidatedConfig;
+use crate::config::{EngineProfileName, ValidatedConfig};
 use crate::container::ContainerSpec;
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail, Transfer};
@@ -21,27 +21,71 @@ use crate::transfer::FileJob;
 /// TensorFold's native Zig `dsv41` engine: rank 0 `tensorfold-native serve` with the API, the
 /// followers `tf-dsv41-lanes`, each reading its own TFDSRK01 rank file.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct TensorfoldDsv41;
+pub struct TensorfoldDsv41 {
+    /// The engine's branch.
+    pub branch: Branch,
+}
+
+/// Which branch of the engine the profile builds and drives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Branch {
+    /// `deepseek-v41-zig`: two ranks.
+    #[default]
+    Tp2,
+    /// `deepseek-v41-zig-tp4`: two or four ranks, with the TP=4-only settings.
+    Tp4,
+}
+
+impl TensorfoldDsv41 {
+    /// The TP=2 profile (`tensorfold-dsv41`).
+    pub const TP2: Self = Self {
+        branch: Branch::Tp2,
+    };
+    /// The TP=4 profile (`tensorfold-dsv41-tp4`).
+    pub const TP4: Self = Self {
+        branch: Branch::Tp4,
+    };
+
+    fn profile_name(self) -> EngineProfileName {
+        match self.branch {
+            Branch::Tp2 => EngineProfileName::TensorfoldDsv41,
+            Branch::Tp4 => EngineProfileName::TensorfoldDsv41Tp4,
+        }
+    }
+}
 
 fn binary_name(path: &str) -> String {
     path.rsplit('/').next().unwrap_or(path).to_owned()
 }
 
-/// The TP=2 branch's build (docs/engine-contract.md, "Building the engine"): the native target for
-/// the Spark's GB10 (aarch64, `sm_121`) with CUDA's `nvcc` of the base image, installed under
-/// [`BuildRecipe::OUT`], whose `bin/` then holds both binaries. Zig's global cache is kept between
-/// builds.
+/// The branch's build (docs/engine-contract.md, "Building the engine"): the native target for the
+/// Spark's GB10 (aarch64, `sm_121`) with CUDA's `nvcc` of the base image, installed under
+/// [`BuildRecipe::OUT`]. The TP=2 branch installs both binaries in `bin/`; the TP=4 branch builds
+/// `ReleaseFast` against glibc 2.28 and installs the server in `native/bin/`. Zig's global cache
+/// is kept between builds.
 #[must_use]
-pub(crate) fn build_recipe() -> BuildRecipe {
+pub(crate) fn build_recipe(branch: Branch) -> BuildRecipe {
     let out = BuildRecipe::OUT;
+    let (target, optimize, server_dir) = match branch {
+        Branch::Tp2 => (
+            "-Dtarget=aarch64-linux-gnu",
+            "-Doptimize=ReleaseSafe",
+            "bin",
+        ),
+        Branch::Tp4 => (
+            "-Dtarget=aarch64-linux-gnu.2.28",
+            "-Doptimize=ReleaseFast",
+            "native/bin",
+        ),
+    };
     BuildRecipe {
         command: [
             "zig",
             "build",
             "install",
             "native",
-            "-Dtarget=aarch64-linux-gnu",
-            "-Doptimize=ReleaseSafe",
+            target,
+            optimize,
             "-Dnvcc=/usr/local/cuda/bin/nvcc",
             "-Dsm=121",
             "--prefix",
@@ -53,11 +97,11 @@ pub(crate) fn build_recipe() -> BuildRecipe {
             "ZIG_GLOBAL_CACHE_DIR".to_owned(),
             format!("{}/zig", BuildRecipe::CACHE),
         )],
-        outputs: [SERVER_BIN, FOLLOWER_BIN]
+        outputs: [(SERVER_BIN, server_dir), (FOLLOWER_BIN, "bin")]
             .iter()
-            .map(|b| {
+            .map(|(b, dir)| {
                 let name = binary_name(b);
-                (format!("bin/{name}"), name)
+                (format!("{dir}/{name}"), name)
             })
             .collect(),
     }
@@ -66,11 +110,17 @@ pub(crate) fn build_recipe() -> BuildRecipe {
 #[async_trait]
 impl Engine for TensorfoldDsv41 {
     fn name(&self) -> &str {
-        "tensorfold-dsv41"
+        self.profile_name().as_str()
     }
 
     fn limits(&self) -> EngineLimits {
-        super::LIMITS
+        // Per-rank figures of the widest world the branch serves; `memory` gives the
+        // configured world's.
+        let widest = match self.branch {
+            Branch::Tp2 => 2,
+            Branch::Tp4 => 4,
+        };
+        EngineLimits::of(self.profile_name(), widest)
     }
 
     fn rank_containers(
@@ -86,11 +136,17 @@ impl Engine for TensorfoldDsv41 {
     }
 
     fn build_recipe(&self, _config: &ValidatedConfig) -> Option<BuildRecipe> {
-        Some(build_recipe())
+        Some(build_recipe(self.branch))
     }
 
-    fn memory(&self, _config: &ValidatedConfig) -> MemoryModel {
-        super::LIMITS.memory
+    fn memory(&self, config: &ValidatedConfig) -> MemoryModel {
+        config.limits().memory
+    }
+
+    fn rendezvous_ports(&self, config: &ValidatedConfig) -> Vec<(usize, u16)> {
+        (1..config.config().nodes.len())
+            .map(|rank| (rank, launch::rendezvous_port(config, rank)))
+            .collect()
     }
 
     fn plan_inputs(&self, config: &ValidatedConfig) -> StepPlan {
@@ -164,7 +220,7 @@ impl Engine for TensorfoldDsv41 {
             Action::with(
                 head,
                 format!(
-                    "wait up to {} s for readiness, stop both ranks if either exits",
+                    "wait up to {} s for readiness, stop every rank if any exits",
                     c.lifecycle.ready_timeout_s
                 ),
                 ActionDetail::Http {
@@ -212,7 +268,8 @@ impl Engine for TensorfoldDsv41 {
         facts: &DeploymentFacts,
         rank: &str,
     ) -> Option<Vec<String>> {
-        // `spark-deploy rank-cache verify MODEL_DIR OUT_DIR RANK WORLD`, as BuildRankCache checks.
+        // `spark-deploy rank-cache verify MODEL_DIR OUT_DIR RANK WORLD --checksums`, as
+        // BuildRankCache checks before a launch (every data block against its build-time CRC-32).
         let c = config.config();
         let mut argv = vec![
             "rank-cache".to_owned(),
@@ -225,6 +282,7 @@ impl Engine for TensorfoldDsv41 {
             launch::paths::RANK_CACHE.to_owned(),
             rank.to_owned(),
             c.nodes.len().to_string(),
+            "--checksums".to_owned(),
         ];
         if !c.engine.shape_guard {
             argv.push("--test-scale".to_owned());

@@ -204,10 +204,13 @@ impl RankInputs {
         let world = self.ranks.len();
         let shape_guard = c.engine.shape_guard;
         let never = ctx.prepare_policy() == PreparePolicy::Never;
+        // Before every launch the data bytes are checked too: against the CRC-32 of each block
+        // recorded when the file was built (one read of the rank file), or with PREPARE=1 byte for
+        // byte against the checkpoint. The index alone misses flipped data bytes.
         let level = if ctx.prepare_policy() == PreparePolicy::Always {
             VerifyLevel::Bytes
         } else {
-            VerifyLevel::Index
+            VerifyLevel::Checksums
         };
         let wanted = InputsSource::of(ctx.config(), &facts);
         let overlay = match wanted.overlay_dir(ctx.config()) {
@@ -274,7 +277,7 @@ impl RankInputs {
                                     if level == VerifyLevel::Bytes {
                                         " byte for byte (PREPARE=1)"
                                     } else {
-                                        ""
+                                        " (every block against its build-time CRC-32)"
                                     }
                                 ));
                                 continue;

@@ -33,7 +33,7 @@ pub struct DiskFacts {
 pub fn df_free_bytes(text: &str) -> Option<(String, u64)> {
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
     let fields: Vec<&str> = line.split_whitespace().collect();
-    let free = fields.get(3)?.parse::<u64>().ok()? * 1024;
+    let free = fields.get(3)?.parse::<u64>().ok()?.checked_mul(1024)?;
     let mount = fields.get(5..).map(|m| m.join(" ")).unwrap_or_default();
     Some((mount, free))
 }
@@ -89,7 +89,11 @@ pub(super) fn decide(f: &NodeFacts, out: &mut Vec<CheckResult>) {
         }
     }
     for g in fs {
-        let need: u64 = g.missing.iter().map(|m| m.bytes).sum();
+        // Sizes come from listings and headers: a sum past 2^64 bytes is "more than any disk".
+        let need: u64 = g
+            .missing
+            .iter()
+            .fold(0u64, |n, m| n.saturating_add(m.bytes));
         let parts = if g.missing.is_empty() {
             "nothing missing".to_owned()
         } else {
@@ -281,5 +285,38 @@ mod tests {
         let r = row(&d, Check::Disk, "head");
         assert_eq!(r.verdict, Verdict::Fail);
         assert!(remedy(r).contains("df -Pk /data/spark-deploy"), "{r:?}");
+    }
+
+    #[test]
+    fn free_space_and_missing_sums_past_2_to_the_64_never_wrap() {
+        let max_kib = u64::MAX / 1024;
+        let line = |k: u64| format!("/dev/x 1 2 {k} 3% /\n");
+        assert_eq!(
+            df_free_bytes(&line(max_kib)),
+            Some(("/".into(), max_kib * 1024))
+        );
+        assert_eq!(df_free_bytes(&line(max_kib + 1)), None);
+        assert_eq!(df_free_bytes(&line(u64::MAX)), None);
+        // Two missing files of 2^63 bytes each: more than any disk, not a wrapped small number.
+        let (a, _b) = pair();
+        let mut h = healthy(0, &a);
+        h.disks = vec![DiskFacts {
+            dir: "/data/spark-deploy".into(),
+            df: Ok(line(1 << 40)),
+            missing: vec![
+                Missing {
+                    what: "a".into(),
+                    bytes: 1 << 63,
+                },
+                Missing {
+                    what: "b".into(),
+                    bytes: 1 << 63,
+                },
+            ],
+            linked_from: None,
+        }];
+        let d = decide_all(&seed(), &[h]);
+        let r = row(&d, Check::Disk, "head");
+        assert_eq!(r.verdict, Verdict::Fail, "{r:?}");
     }
 }

@@ -12,7 +12,14 @@ pub(super) fn decide(f: &NodeFacts, out: &mut Vec<CheckResult>, d: &mut Detected
             Check::FabricAddr,
             n,
             "the peer's fabric address is unknown",
-            "set nodes[1].fabric_addr (FABRIC_PEER) to the worker's ConnectX-7 address",
+            if f.index == 0 {
+                "set nodes[1].fabric_addr (FABRIC_PEER) to the first worker's ConnectX-7 address".to_owned()
+            } else {
+                format!(
+                    "set nodes[{}].fabric_addr to this worker's ConnectX-7 address and nodes[0].fabric_addr to the head's",
+                    f.index
+                )
+            },
         ));
         return;
     };
@@ -121,7 +128,7 @@ pub(super) fn compare_mtu(facts: &[NodeFacts], detected: &[Detected]) -> Option<
         "all",
         observed,
         format!(
-            "the fabric MTU must be the same on both ends; {fixes} (and persist it in netplan)"
+            "the fabric MTU must be the same on every node; {fixes} (and persist it in netplan)"
         ),
     ))
 }

@@ -157,8 +157,10 @@ pub(super) fn decide(s: &Settings, f: &NodeFacts, out: &mut Vec<CheckResult>) {
         out.push(CheckResult::fail(
             Check::MemoryAvailable,
             n,
-            "no MemAvailable in /proc/meminfo",
-            "run a Linux kernel ≥ 3.14 (the first to report MemAvailable)",
+            "no readable MemAvailable in /proc/meminfo (missing, or not a count of kB below 2^64 bytes)",
+            format!(
+                "check /proc/meminfo on {n}: it needs a `MemAvailable: <n> kB` line (Linux ≥ 3.14)"
+            ),
         ));
         return;
     };

@@ -1,7 +1,7 @@
 use super::*;
 
 fn recipe() -> BuildRecipe {
-    crate::engine::tensorfold::build_recipe()
+    crate::engine::tensorfold::build_recipe(crate::engine::tensorfold::Branch::Tp2)
 }
 
 #[test]

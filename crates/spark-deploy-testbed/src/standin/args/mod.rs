@@ -118,8 +118,10 @@ pub struct Rank0Args {
 /// Rank 0's environment: its inputs and the rendezvous address.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rank0Env {
-    /// `TF_TP_WORLD` (only 2 is emulated).
+    /// `TF_TP_WORLD`: 2, or 4 in the TP=4 build.
     pub world: u32,
+    /// `TF_DS_WINDOW` (the TP=4 build's shared pool; `--context` then bounds one request).
+    pub window: Option<u64>,
     /// `TF_TP_MASTER`.
     pub master: Ipv4Addr,
     /// `TF_TP_PORT`.
@@ -153,9 +155,9 @@ pub struct Rank1Args {
     pub model_dir: PathBuf,
     /// `CACHE_DIR`.
     pub cache_dir: PathBuf,
-    /// `RANK` (1 in TP=2).
+    /// `RANK` (1 … WORLD−1).
     pub rank: u32,
-    /// `WORLD` (2).
+    /// `WORLD` (2, or 4 in the TP=4 build).
     pub world: u32,
     /// `MASTER_IP`.
     pub master: Ipv4Addr,
@@ -175,8 +177,18 @@ pub struct Rank1Args {
     pub token_map: Option<PathBuf>,
     /// `--rdma` device list.
     pub rdma: Vec<String>,
+    /// The TP=4 build's `--context` (a request's positions, at most `--pool`).
+    pub context: Option<u64>,
     /// Every `--key value` pair as given (known keys only).
     pub pairs: Vec<(String, String)>,
+}
+
+impl Rank0Args {
+    /// The shared pool of positions: `TF_DS_WINDOW` in the TP=4 build, else `--context`.
+    #[must_use]
+    pub fn pool(&self) -> u64 {
+        self.env.window.unwrap_or(self.context)
+    }
 }
 
 /// The engine's default device arena for a pool, in GiB (`defaultArenaGib(pool)`).
@@ -197,6 +209,31 @@ fn parse_ip(what: &str, v: &str) -> Result<Ipv4Addr, ArgsError> {
             format!("{what} {v:?} is not a dotted-quad IPv4 address"),
         )),
     }
+}
+
+/// The TP=4 build's shared pool, `TF_DS_WINDOW`: the stand-in runs as the TP=4 build when it is
+/// set (only that build reads it), and then takes world 4 and the followers' TP=4 flags.
+///
+/// # Errors
+/// `BadEnvironment` for a value that is not a positive number.
+pub fn tp4_window(env: &HashMap<String, String>) -> Result<Option<u64>, ArgsError> {
+    match env.get("TF_DS_WINDOW") {
+        None => Ok(None),
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(ArgsError::engine(
+                "BadEnvironment",
+                format!("TF_DS_WINDOW={v:?} is not a positive number of positions"),
+            )),
+        },
+    }
+}
+
+/// The port follower `rank` joins: `port` + rank − 1 (rank 0 listens on one per follower; at
+/// world 2 the port itself).
+#[must_use]
+pub fn follower_port(port: u16, rank: u32) -> u16 {
+    port.saturating_add(u16::try_from(rank.saturating_sub(1)).unwrap_or(u16::MAX))
 }
 
 fn env_flag_u32(
@@ -232,6 +269,10 @@ fn env_flag_u32(
 pub fn check_kit_variants(env: &HashMap<String, String>) -> Result<(), ArgsError> {
     let rows = env_flag_u32(env, "TF_DS_ROUND_ROWS", 16, 16..=48)?;
     let streams = env_flag_u32(env, "TF_DS_STREAMS", 4, 1..=16)?;
+    // The TP=4 build's kit recorded 16 to 48 rows and up to 16 streams.
+    if tp4_window(env)?.is_some() {
+        return Ok(());
+    }
     if rows != 16 || streams > 4 {
         return Err(ArgsError::engine(
             "MissingTritonVariant",
@@ -281,19 +322,19 @@ mod tests {
         ];
         let mut v = s(&base);
         v.push("--pool".into());
-        let a = parse_rank1(&v).unwrap();
+        let a = parse_rank1(&v, &HashMap::new()).unwrap();
         assert_eq!(a.pool, DEFAULT_CONTEXT);
         let mut v = s(&base);
         v.extend(s(&["--bogus", "1"]));
-        let e = parse_rank1(&v).unwrap_err();
+        let e = parse_rank1(&v, &HashMap::new()).unwrap_err();
         assert!(matches!(e, ArgsError::BadArgument { .. }), "{e}");
         assert_eq!(e.exit_code(), 1);
         let mut v = s(&base);
         v.extend(s(&["--round-rows", "48"]));
-        assert!(parse_rank1(&v).is_err());
+        assert!(parse_rank1(&v, &HashMap::new()).is_err());
         let mut v = s(&base);
         v.extend(s(&["--pool", "4096", "--arena-gib", "3"]));
-        let a = parse_rank1(&v).unwrap();
+        let a = parse_rank1(&v, &HashMap::new()).unwrap();
         assert_eq!((a.pool, a.arena_gib), (4096, 3));
     }
 
@@ -324,5 +365,61 @@ mod tests {
         .unwrap();
         assert_eq!((a.context, a.thinking, a.port), (4096, false, 1));
         assert_eq!(default_arena_gib(1 << 20), 16);
+    }
+
+    #[test]
+    fn world_4_is_the_tp4_builds_and_its_follower_flags_must_match_its_environment() {
+        let follower = |rank: &str, extra: &[&str]| {
+            let mut v = s(&[
+                "/m",
+                "/c",
+                rank,
+                "4",
+                "10.0.0.1",
+                "29620",
+                "/k",
+                "--engram",
+                "/e",
+                "--token-map",
+                "/t",
+                "--pool",
+                "8192",
+            ]);
+            v.extend(s(extra));
+            v
+        };
+        let tp4: HashMap<String, String> = [("TF_DS_WINDOW", "8192"), ("TF_DS_STREAMS", "8")]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let flags = ["--round-rows", "16", "--streams", "8", "--context", "4096"];
+        // The TP=2 build (no TF_DS_WINDOW) serves world 2 only and knows no TP=4 flag.
+        let e = parse_rank1(&follower("3", &flags), &HashMap::new()).unwrap_err();
+        assert!(e.to_string().starts_with("error.NotPortedYet"), "{e}");
+        let a = parse_rank1(&follower("3", &flags), &tp4).unwrap();
+        assert_eq!((a.rank, a.world, a.context), (3, 4, Some(4096)));
+        assert_eq!(follower_port(29620, a.rank), 29622);
+        assert_eq!(follower_port(29620, 1), 29620);
+        // Every TP=4 flag is required, rows and streams as the environment says.
+        let e = parse_rank1(&follower("2", &flags[..4]), &tp4).unwrap_err();
+        assert!(e.to_string().contains("--context"), "{e}");
+        let mut other = flags;
+        other[3] = "16";
+        let e = parse_rank1(&follower("2", &other), &tp4).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--streams 16 differs from TF_DS_STREAMS=8"),
+            "{e}"
+        );
+        // Rank 0: world 4 with the window, whose pool it is; a request above it is refused.
+        let mut env = env0();
+        env.insert("TF_TP_WORLD".into(), "4".into());
+        let e = parse_rank0(&s(&["serve", "/m"]), &env).unwrap_err();
+        assert!(e.to_string().starts_with("error.NotPortedYet"), "{e}");
+        env.extend(tp4);
+        let a = parse_rank0(&s(&["serve", "/m", "--context", "4096"]), &env).unwrap();
+        assert_eq!((a.env.world, a.pool()), (4, 8192));
+        let e = parse_rank0(&s(&["serve", "/m", "--context", "9000"]), &env).unwrap_err();
+        assert!(e.to_string().starts_with("error.ContextAboveWindow"), "{e}");
     }
 }

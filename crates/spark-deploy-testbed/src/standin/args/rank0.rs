@@ -179,6 +179,17 @@ pub fn parse_rank0(args: &[String], env: &HashMap<String, String>) -> Result<Ran
     });
     a.model_dir = model_dir;
     check_kit_variants(env)?;
+    if let Some(window) = a.env.window
+        && a.context > window
+    {
+        return Err(ArgsError::engine(
+            "ContextAboveWindow",
+            format!(
+                "--context {} (one request) exceeds TF_DS_WINDOW {window} (the shared pool)",
+                a.context
+            ),
+        ));
+    }
     let parallel = a.parallel.unwrap_or(1);
     if parallel == 0 || parallel > a.env.streams {
         return Err(ArgsError::engine(
@@ -194,12 +205,16 @@ pub fn parse_rank0(args: &[String], env: &HashMap<String, String>) -> Result<Ran
 
 fn parse_rank0_env(env: &HashMap<String, String>) -> Result<Rank0Env, ArgsError> {
     let get = |k: &str| env.get(k).filter(|v| !v.is_empty());
-    let world = match env.get("TF_TP_WORLD").map(String::as_str) {
-        None | Some("2") => 2,
-        Some(other) => {
+    let window = super::tp4_window(env)?;
+    let world = match (env.get("TF_TP_WORLD").map(String::as_str), window) {
+        (None | Some("2"), _) => 2,
+        (Some("4"), Some(_)) => 4,
+        (Some(other), _) => {
             return Err(ArgsError::engine(
                 "NotPortedYet",
-                format!("TF_TP_WORLD={other:?}: the stand-in emulates the TP=2 build (world 2)"),
+                format!(
+                    "TF_TP_WORLD={other:?}: the TP=2 build serves world 2; world 4 is the TP=4 build's (its settings include TF_DS_WINDOW)"
+                ),
             ));
         }
     };
@@ -247,6 +262,7 @@ fn parse_rank0_env(env: &HashMap<String, String>) -> Result<Rank0Env, ArgsError>
     engine_vars.sort();
     Ok(Rank0Env {
         world,
+        window,
         master,
         port,
         rank_cache: PathBuf::from(rank_cache),

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use super::{ArgsError, DEFAULT_CONTEXT, Rank1Args, default_arena_gib, parse_ip};
 
-/// Rank 1's known `--key`s in the TP=2 build. `--round-rows`, `--streams`, `--context` are TP=4
-/// builds only and so unknown here.
+/// A follower's known `--key`s in the TP=2 build. `--round-rows`, `--streams`, `--context` are
+/// the TP=4 build's ([`TP4_KEYS`]) and unknown here.
 const RANK1_KEYS: &[&str] = &[
     "--pool",
     "--drafts",
@@ -25,6 +25,10 @@ const RANK1_KEYS: &[&str] = &[
     "--requests",
 ];
 
+/// The TP=4 build's follower keys: rows per round, pool streams (as rank 0's `TF_DS_ROUND_ROWS`
+/// and `TF_DS_STREAMS`, which it reads from the environment) and a request's positions.
+const TP4_KEYS: &[&str] = &["--round-rows", "--streams", "--context"];
+
 fn bad(problem: impl Into<String>) -> ArgsError {
     ArgsError::BadArgument {
         problem: problem.into(),
@@ -36,13 +40,20 @@ fn bad_num<T: std::str::FromStr>(what: &str, v: &str) -> Result<T, ArgsError> {
         .map_err(|_| bad(format!("{what} {v:?} is not a number")))
 }
 
-/// Parses rank 1's arguments (everything after `argv[0]`).
+/// Parses a follower's arguments (everything after `argv[0]`); `env` tells the build: with
+/// `TF_DS_WINDOW` set it is the TP=4 build, which takes world 4 and [`TP4_KEYS`] (all three
+/// required, rows and streams equal to the environment's).
 ///
 /// # Errors
 /// [`ArgsError::BadArgument`] for fewer than seven positionals, a positional that does not
-/// parse, an unknown key or a bad value; [`ArgsError::Engine`] `NotPortedYet` for a world other
-/// than 2, `BadIp` for a master that is not a dotted quad.
-pub fn parse_rank1(args: &[String]) -> Result<Rank1Args, ArgsError> {
+/// parse, an unknown key, a bad value or a missing TP=4 key; [`ArgsError::Engine`]
+/// `NotPortedYet` for a world the build does not serve, `BadIp` for a master that is not a
+/// dotted quad, `BadEnvironment` for TP=4 flags that differ from the environment.
+pub fn parse_rank1(
+    args: &[String],
+    env: &std::collections::HashMap<String, String>,
+) -> Result<Rank1Args, ArgsError> {
+    let window = super::tp4_window(env)?;
     if args.len() < 7 {
         return Err(bad(format!(
             "expected MODEL CACHE RANK WORLD MASTER PORT KIT, got {} positional arguments",
@@ -56,10 +67,12 @@ pub fn parse_rank1(args: &[String]) -> Result<Rank1Args, ArgsError> {
     }
     let rank: u32 = bad_num("RANK", &args[2])?;
     let world: u32 = bad_num("WORLD", &args[3])?;
-    if world != 2 {
+    if !(world == 2 || world == 4 && window.is_some()) {
         return Err(ArgsError::engine(
             "NotPortedYet",
-            format!("WORLD {world}: the stand-in emulates the TP=2 build (world 2)"),
+            format!(
+                "WORLD {world}: the TP=2 build serves world 2; world 4 is the TP=4 build's (its settings include TF_DS_WINDOW)"
+            ),
         ));
     }
     if rank == 0 || rank >= world {
@@ -83,8 +96,10 @@ pub fn parse_rank1(args: &[String]) -> Result<Rank1Args, ArgsError> {
         engram: None,
         token_map: None,
         rdma: Vec::new(),
+        context: None,
         pairs: Vec::new(),
     };
+    let mut tp4: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
     let mut arena: Option<u64> = None;
     let mut ai = 7;
     // the engine's loop: `while (ai + 1 < len)`, so a dangling last key is never looked at
@@ -92,6 +107,11 @@ pub fn parse_rank1(args: &[String]) -> Result<Rank1Args, ArgsError> {
         let key = args[ai].as_str();
         let v = args[ai + 1].as_str();
         ai += 2;
+        if TP4_KEYS.contains(&key) && window.is_some() {
+            tp4.insert(key, bad_num(key, v)?);
+            a.pairs.push((key.to_owned(), v.to_owned()));
+            continue;
+        }
         if !RANK1_KEYS.contains(&key) {
             return Err(bad(format!("unknown key {key:?}")));
         }
@@ -130,6 +150,35 @@ pub fn parse_rank1(args: &[String]) -> Result<Rank1Args, ArgsError> {
             _ => {}
         }
         a.pairs.push((key.to_owned(), v.to_owned()));
+    }
+    if window.is_some() {
+        for key in TP4_KEYS {
+            if !tp4.contains_key(key) {
+                return Err(bad(format!(
+                    "the TP=4 build's follower takes {key} (with --round-rows, --streams and --context)"
+                )));
+            }
+        }
+        for (key, var, default) in [
+            ("--round-rows", "TF_DS_ROUND_ROWS", 16),
+            ("--streams", "TF_DS_STREAMS", 4),
+        ] {
+            let from_env = super::env_flag_u32(env, var, default, 1..=48)?;
+            if u64::from(from_env) != tp4[key] {
+                return Err(ArgsError::engine(
+                    "BadEnvironment",
+                    format!("{key} {} differs from {var}={from_env}", tp4[key]),
+                ));
+            }
+        }
+        let context = tp4["--context"];
+        if context == 0 || context > a.pool {
+            return Err(bad(format!(
+                "--context {context} (one request) must be 1 … --pool {}",
+                a.pool
+            )));
+        }
+        a.context = Some(context);
     }
     a.arena_gib = arena.unwrap_or_else(|| default_arena_gib(a.pool));
     if a.engram.is_none() {

@@ -196,6 +196,11 @@ pub(super) async fn chat(
             })
             .await;
             let Some(t) = timing else { return };
+            if st.wedged().is_some() {
+                // The pair wedged while this request ran: it never finishes (and keeps counting
+                // as running), like every request after the onset.
+                std::future::pending::<()>().await;
+            }
             count_drafts(&st, &t);
             let mut last = reply.chunk(&plan, json!({}), json!(plan.finish_reason));
             last["tensorfold"] = reply.extras(&plan, &t);
@@ -230,6 +235,11 @@ pub(super) async fn chat(
             message: "the generation stopped".into(),
         });
     };
+    if st.wedged().is_some() {
+        // The pair wedged while this request ran: it never answers.
+        let _running = running;
+        return std::future::pending().await;
+    }
     drop(running);
     count_drafts(st, &t);
     let mut message = json!({"role": "assistant", "content": plan.content()});

@@ -98,10 +98,14 @@ pub enum ServerError {
     },
 }
 
+/// The links to the followers (one per follower, rank order). After a failure on any of them
+/// they stay open but unused: a follower whose peer died hangs as in a collective, so only the
+/// deployer's all-or-none stop ends the others.
 #[derive(Debug)]
 struct LinkState {
-    stream: Option<tokio::net::TcpStream>,
+    streams: Vec<tokio::net::TcpStream>,
     step: u64,
+    down: bool,
 }
 
 /// Shared server state.
@@ -140,14 +144,18 @@ impl Drop for Running {
 }
 
 impl AppState {
-    /// A state over the connected link (`None` when rank 1 was lost before serving), whose last
-    /// used step was `step`.
+    /// A state over the connected links to every follower (empty when one was lost before
+    /// serving), whose last used step was `step`.
     #[must_use]
-    pub fn new(cfg: ServerConfig, stream: Option<tokio::net::TcpStream>, step: u64) -> Arc<Self> {
-        let down = stream.is_none();
+    pub fn new(cfg: ServerConfig, streams: Vec<tokio::net::TcpStream>, step: u64) -> Arc<Self> {
+        let down = streams.is_empty();
         Arc::new(Self {
             cfg,
-            link: Mutex::new(LinkState { stream, step }),
+            link: Mutex::new(LinkState {
+                streams,
+                step,
+                down,
+            }),
             requests: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             running: AtomicU64::new(0),
@@ -184,48 +192,54 @@ impl AppState {
         }
     }
 
-    /// Sends one primitive to rank 1 and waits for its ack. Any failure marks the peer down for
-    /// good (the engine's `failAll`).
+    /// Sends one primitive to every follower and waits for each one's ack. Any failure marks the
+    /// peers down for good (the engine's `failAll`).
     async fn round_trip(&self, k: u8, fields: &[u8]) -> Result<(), LinkError> {
         let mut l = self.link.lock().await;
         let step = l.step + 1;
-        let Some(s) = l.stream.as_mut() else {
+        if l.down {
             return Err(LinkError::PeerDown);
-        };
+        }
+        let frame = link::payload(k, step, fields);
         let r = async {
-            link::write_frame_async(s, &link::payload(k, step, fields)).await?;
-            let ack = link::read_frame_async(s, 1 << 20).await?;
-            let (ak, astep, _) = link::split_payload(&ack)?;
-            if ak != kind::ACK {
-                return Err(LinkError::BadFrame);
+            for s in &mut l.streams {
+                link::write_frame_async(s, &frame).await?;
             }
-            if astep != step {
-                return Err(LinkError::OutOfStep {
-                    expected: step,
-                    got: astep,
-                });
+            for s in &mut l.streams {
+                let ack = link::read_frame_async(s, 1 << 20).await?;
+                let (ak, astep, _) = link::split_payload(&ack)?;
+                if ak != kind::ACK {
+                    return Err(LinkError::BadFrame);
+                }
+                if astep != step {
+                    return Err(LinkError::OutOfStep {
+                        expected: step,
+                        got: astep,
+                    });
+                }
             }
             Ok(())
         }
         .await;
         l.step = step;
         if r.is_err() {
-            l.stream = None;
+            l.down = true;
             self.peer_down.store(true, Ordering::SeqCst);
         }
         r
     }
 
-    /// Rank 0's shutdown: sends `done` to rank 1 (when the link is up).
+    /// Rank 0's shutdown: sends `done` to every follower still linked.
     pub async fn send_done(&self) {
         let mut l = self.link.lock().await;
         let step = l.step + 1;
-        if let Some(s) = l.stream.as_mut() {
+        for s in &mut l.streams {
             let _ = link::write_frame_async(s, &link::payload(kind::DONE, step, &[])).await;
             let _ = tokio::io::AsyncWriteExt::shutdown(s).await;
         }
         l.step = step;
-        l.stream = None;
+        l.streams.clear();
+        l.down = true;
     }
 
     fn authorized(&self, h: &HeaderMap) -> bool {
@@ -390,7 +404,7 @@ mod tests {
         let file = dir.path().join("fault");
         let mut c = cfg();
         c.fault_file = Some(file.clone());
-        let st = AppState::new(c, None, 0);
+        let st = AppState::new(c, Vec::new(), 0);
         st.generated.store(5, Ordering::SeqCst);
         assert_eq!(generated_metric(&st), "vllm:generation_tokens_total 5");
         std::fs::write(&file, "wedge\n").unwrap();

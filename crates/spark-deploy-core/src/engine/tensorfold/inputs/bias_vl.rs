@@ -90,6 +90,9 @@ pub fn bias_names(
         .collect()
 }
 
+/// The largest routing-bias vector read from a shard: 2^16 experts of f32.
+const MAX_BIAS_BYTES: u64 = 4 << 16;
+
 /// Writes `out` from the original checkpoint in `original_dir` (its shards read locally, only the
 /// tensors' byte ranges).
 ///
@@ -125,6 +128,20 @@ pub fn write_bias_vl(original_dir: &Path, out: &Path) -> Result<BiasVlReport, Bi
                 tensor: name.clone(),
                 shard: h.shard.path.clone(),
                 problem: format!("dtype is {}, not F32", t.dtype_name),
+            });
+        }
+        // A routing bias is one f32 per expert: a header claiming more is refused before the
+        // buffer is sized from it.
+        if t.shape.len() != 1 || t.len > MAX_BIAS_BYTES {
+            return Err(BiasVlError::Tensor {
+                tensor: name.clone(),
+                shard: h.shard.path.clone(),
+                problem: format!(
+                    "shape {:?} ({} bytes) is not a vector of at most {} experts",
+                    t.shape,
+                    t.len,
+                    MAX_BIAS_BYTES / 4
+                ),
             });
         }
         let mut data = vec![0; t.len as usize];

@@ -123,6 +123,60 @@ pub struct ModelConfig {
     pub vision: bool,
 }
 
+/// The largest value each dimension of `config.json` may claim: several times the real
+/// checkpoint's, and small enough that every product the split plan, the token map and the RoPE
+/// tables form of them fits in 64 bits and no list they size can exhaust memory. Checked while the
+/// file is parsed, before anything is sized from it. Fields not listed (token ids, counts of
+/// iterations) are at most 2^32.
+pub const DIMENSION_LIMITS: &[(&str, u64)] = &[
+    ("num_hidden_layers", 256),
+    ("num_nextn_predict_layers", 16),
+    ("hidden_size", 1 << 16),
+    ("vocab_size", 1 << 22),
+    ("num_attention_heads", 1 << 10),
+    ("head_dim", 1 << 12),
+    ("qk_rope_head_dim", 1 << 12),
+    ("q_lora_rank", 1 << 16),
+    ("o_lora_rank", 1 << 16),
+    ("o_groups", 1 << 10),
+    ("sliding_window", 1 << 20),
+    ("n_routed_experts", 1 << 12),
+    ("num_experts_per_tok", 1 << 12),
+    ("moe_intermediate_size", 1 << 16),
+    ("n_shared_experts", 64),
+    ("index_n_heads", 1 << 10),
+    ("index_head_dim", 1 << 12),
+    ("index_topk", 1 << 20),
+    ("candidate_topk_blocks", 1 << 20),
+    ("candidate_block_size", 1 << 12),
+    ("hc_mult", 64),
+    ("engram_n_heads", 1 << 10),
+    ("engram_head_dim", 1 << 12),
+    ("engram_max_ngram_size", 64),
+    ("dspark_block_size", 1 << 10),
+    ("dspark_markov_rank", 1 << 16),
+    ("dspark_n_routed_experts", 1 << 12),
+    ("dspark_num_experts_per_tok", 1 << 12),
+    ("max_position_embeddings", 1 << 26),
+    ("original_max_position_embeddings", 1 << 26),
+    ("engram_num_embeddings", 1 << 40),
+];
+
+/// The default limit of a field [`DIMENSION_LIMITS`] does not list.
+pub const OTHER_FIELD_LIMIT: u64 = 1 << 32;
+
+/// At most this many expert blocks in all (`num_hidden_layers × (n_routed_experts + 1) +
+/// num_nextn_predict_layers × (dspark_n_routed_experts + 1)`; 15,787 in the real checkpoint): each
+/// is 9 entries of the rank file's plan.
+pub const MAX_EXPERT_BLOCKS: u64 = 1 << 16;
+
+fn limit_of(key: &str) -> u64 {
+    DIMENSION_LIMITS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or(OTHER_FIELD_LIMIT, |(_, max)| *max)
+}
+
 struct Fields<'a> {
     path: &'a Path,
     prefix: &'a str,
@@ -147,10 +201,18 @@ impl Fields<'_> {
         }
     }
     fn uint(&self, key: &str) -> Result<usize, ModelConfigError> {
-        self.get(key)?
+        let v = self
+            .get(key)?
             .as_u64()
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or_else(|| self.invalid(key, "is not a non-negative integer"))
+            .ok_or_else(|| self.invalid(key, "is not a non-negative integer"))?;
+        let max = limit_of(key);
+        if v > max {
+            return Err(self.invalid(
+                key,
+                &format!("is {v}, more than the {max} spark-deploy accepts"),
+            ));
+        }
+        usize::try_from(v).map_err(|_| self.invalid(key, "does not fit this machine's usize"))
     }
     fn number(&self, key: &str) -> Result<f64, ModelConfigError> {
         self.get(key)?
@@ -171,22 +233,25 @@ impl Fields<'_> {
         if let Some(max) = max_len
             && arr.len() > max
         {
-            return Err(self.invalid(key, &format!("lists {} ids, at most {max}", arr.len())));
+            return Err(self.invalid(key, &format!("lists {} values, at most {max}", arr.len())));
         }
+        let max = limit_of(key);
         arr.iter()
-            .map(|v| {
-                v.as_u64().ok_or_else(|| {
-                    self.invalid(key, "holds a value that is not a non-negative integer")
-                })
+            .map(|v| match v.as_u64() {
+                Some(v) if v <= max => Ok(v),
+                Some(v) => Err(self.invalid(
+                    key,
+                    &format!("holds {v}, more than the {max} spark-deploy accepts"),
+                )),
+                None => Err(self.invalid(key, "holds a value that is not a non-negative integer")),
             })
             .collect()
     }
     fn ids(&self, key: &str) -> Result<Vec<usize>, ModelConfigError> {
-        Ok(self
-            .uints(key, Some(8))?
+        self.uints(key, Some(8))?
             .into_iter()
-            .map(|v| v as usize)
-            .collect())
+            .map(|v| usize::try_from(v).map_err(|_| self.invalid(key, "holds an id above usize")))
+            .collect()
     }
     fn object(&self, key: &str) -> Result<&Map<String, Value>, ModelConfigError> {
         self.get(key)?
@@ -294,7 +359,7 @@ impl ModelConfig {
             hc_iters: t.uint("hc_sinkhorn_iters")?,
             hc_eps: t.number("hc_eps")?,
             engram_layers: t.ids("engram_layer_ids")?,
-            engram_rows: t.uints("engram_num_embeddings", None)?,
+            engram_rows: t.uints("engram_num_embeddings", Some(2))?,
             engram_heads: t.uint("engram_n_heads")?,
             engram_head_dim: t.uint("engram_head_dim")?,
             engram_ngram: t.uint("engram_max_ngram_size")?,
@@ -319,10 +384,21 @@ impl ModelConfig {
             image_token: top_obj
                 .get("image_token_id")
                 .and_then(Value::as_u64)
-                .map(|v| v as usize),
+                .and_then(|v| usize::try_from(v).ok()),
             vision: top_obj.contains_key("vision_config"),
         };
-        let ratios = t.uints("compress_ratios", None)?;
+        let blocks = (c.layers as u64) * (c.experts as u64 + 1)
+            + (c.draft_layers as u64) * (c.draft_experts as u64 + 1);
+        if blocks > MAX_EXPERT_BLOCKS {
+            return Err(t.invalid(
+                "num_hidden_layers",
+                &format!(
+                    "is {} with {} routed experts (and {} DSpark blocks of {}): {blocks} expert blocks, more than the {MAX_EXPERT_BLOCKS} spark-deploy accepts",
+                    c.layers, c.experts, c.draft_layers, c.draft_experts
+                ),
+            ));
+        }
+        let ratios = t.uints("compress_ratios", Some(c.layers + c.draft_layers))?;
         if ratios.len() != c.layers + c.draft_layers {
             return Err(t.invalid(
                 "compress_ratios",
@@ -520,6 +596,78 @@ pub(crate) mod tests {
         let e = c.check_engine_shapes(Path::new("c.json")).unwrap_err();
         assert!(
             e.to_string().contains("quantization_config.codebook"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn absurd_dimensions_are_refused_while_parsing_naming_the_field() {
+        for (from, to, field) in [
+            (
+                "\"n_routed_experts\": 384",
+                "\"n_routed_experts\": 1000000000",
+                "text_config.n_routed_experts",
+            ),
+            (
+                "\"num_hidden_layers\": 40",
+                "\"num_hidden_layers\": 1000000",
+                "text_config.num_hidden_layers",
+            ),
+            (
+                "\"hidden_size\": 5120",
+                "\"hidden_size\": 18446744073709551615",
+                "text_config.hidden_size",
+            ),
+            (
+                "\"max_position_embeddings\": 1048576",
+                "\"max_position_embeddings\": 9223372036854775807",
+                "text_config.max_position_embeddings",
+            ),
+            (
+                "\"qk_rope_head_dim\": 64",
+                "\"qk_rope_head_dim\": 4294967296",
+                "text_config.qk_rope_head_dim",
+            ),
+            (
+                "\"engram_num_embeddings\": [384006168, 384016682]",
+                "\"engram_num_embeddings\": [1, 2, 3]",
+                "text_config.engram_num_embeddings",
+            ),
+            (
+                "\"engram_num_embeddings\": [384006168, 384016682]",
+                "\"engram_num_embeddings\": [2199023255553, 1]",
+                "text_config.engram_num_embeddings",
+            ),
+            (
+                "\"bos_token_id\": 0",
+                "\"bos_token_id\": 4294967297",
+                "bos_token_id",
+            ),
+        ] {
+            assert!(FLASH.contains(from), "{from}");
+            let text = FLASH.replace(from, to);
+            let e = ModelConfig::parse(Path::new("c.json"), text.as_bytes()).unwrap_err();
+            assert!(
+                matches!(&e, ModelConfigError::Invalid { field: f, .. } if f == field),
+                "{to}: {e}"
+            );
+            assert!(e.to_string().contains(field), "{e}");
+        }
+        // Layers and experts each within their limits, but too many expert blocks together.
+        let text = FLASH
+            .replace("\"num_hidden_layers\": 40", "\"num_hidden_layers\": 200")
+            .replace("\"n_routed_experts\": 384", "\"n_routed_experts\": 4000");
+        let e = ModelConfig::parse(Path::new("c.json"), text.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("expert blocks"), "{e}");
+        // A million compress ratios are refused by their count, before they are collected.
+        let ratios = vec!["0"; 1_000_000].join(",");
+        let text = FLASH.replace(
+            "\"compress_ratios\": [0,0,2",
+            &format!("\"compress_ratios\": [{ratios},0,0,2"),
+        );
+        let e = ModelConfig::parse(Path::new("c.json"), text.as_bytes()).unwrap_err();
+        assert!(
+            e.to_string().contains("compress_ratios") && e.to_string().contains("at most 43"),
             "{e}"
         );
     }

@@ -285,16 +285,8 @@ pub fn read_index(path: &Path) -> Result<RankFileIndex, RankFileError> {
     }
     let mut tail = [0u8; 16];
     f.read_exact_at(&mut tail, len - 16).map_err(io)?;
-    if &tail[8..] != MAGIC {
-        return Err(bad("the last 8 bytes are not TFDSRK01".into()));
-    }
-    let at = u64::from_le_bytes(tail[..8].try_into().unwrap_or_default());
-    if at > len - 16 || len - 16 - at > MAX_INDEX_BYTES {
-        return Err(bad(format!(
-            "footer offset {at} does not fit a {len}-byte file"
-        )));
-    }
-    let mut json = vec![0u8; (len - 16 - at) as usize];
+    let (at, index_len) = locate_index(len, &tail).map_err(bad)?;
+    let mut json = vec![0u8; index_len];
     f.read_exact_at(&mut json, at).map_err(io)?;
     let rows = parse_index(&json, at).map_err(bad)?;
     Ok(RankFileIndex {
@@ -303,6 +295,33 @@ pub fn read_index(path: &Path) -> Result<RankFileIndex, RankFileError> {
         data_bytes: at,
         file_len: len,
     })
+}
+
+/// Where the index of a `file_len`-byte rank file lies, from its last 16 bytes `tail` (u64 LE
+/// data length, magic): `(offset, length)`, the length at most [`MAX_INDEX_BYTES`].
+///
+/// # Errors
+/// A message naming the broken rule: a file shorter than the footer, a wrong magic word, or a
+/// data length that does not fit the file.
+pub fn locate_index(file_len: u64, tail: &[u8; 16]) -> Result<(u64, usize), String> {
+    let Some(room) = file_len.checked_sub(16) else {
+        return Err(format!("{file_len} bytes long, shorter than the footer"));
+    };
+    if &tail[8..] != MAGIC {
+        return Err("the last 8 bytes are not TFDSRK01".into());
+    }
+    let mut at = [0u8; 8];
+    at.copy_from_slice(&tail[..8]);
+    let at = u64::from_le_bytes(at);
+    match room.checked_sub(at) {
+        Some(n) if n <= MAX_INDEX_BYTES => Ok((at, usize::try_from(n).unwrap_or(usize::MAX))),
+        Some(n) => Err(format!(
+            "the index would be {n} bytes, more than the reader's {MAX_INDEX_BYTES}"
+        )),
+        None => Err(format!(
+            "footer offset {at} does not fit a {file_len}-byte file"
+        )),
+    }
 }
 
 /// Parses index JSON under the reader rules: rows in order, back to back from 0, bytes equal to
@@ -345,10 +364,8 @@ pub fn parse_index(json: &[u8], data_bytes: u64) -> Result<Vec<IndexRow>, String
         let bytes = f[4]
             .as_u64()
             .ok_or_else(|| format!("row {i} ({key}): bad byte count"))?;
-        let want = shape
-            .iter()
-            .try_fold(dtype.size() as u64, |n, &d| n.checked_mul(d as u64))
-            .ok_or_else(|| format!("row {i} ({key}): size overflows"))?;
+        let want = crate::safetensors_header::tensor_bytes(&shape, dtype.size() * 8)
+            .map_err(|e| format!("row {i} ({key}): {e}"))?;
         if want != bytes {
             return Err(format!(
                 "row {i} ({key}): {bytes} bytes, its shape needs {want}"
@@ -359,15 +376,16 @@ pub fn parse_index(json: &[u8], data_bytes: u64) -> Result<Vec<IndexRow>, String
                 "row {i} ({key}): offset {offset}, the previous row ends at {at}"
             ));
         }
-        if offset + bytes > data_bytes {
-            return Err(format!(
-                "row {i} ({key}): ends past the data section ({data_bytes})"
-            ));
-        }
+        let end = offset
+            .checked_add(bytes)
+            .filter(|end| *end <= data_bytes)
+            .ok_or_else(|| {
+                format!("row {i} ({key}): ends past the data section ({data_bytes} bytes)")
+            })?;
         if !seen.insert(key.to_owned()) {
             return Err(format!("row {i}: key {key} appears twice"));
         }
-        at = offset + bytes;
+        at = end;
         rows.push(IndexRow {
             key: key.to_owned(),
             dtype,
@@ -444,5 +462,55 @@ mod tests {
         ] {
             assert!(parse_index(bad.as_bytes(), 16).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn footer_and_row_arithmetic_is_checked() {
+        let tail = |at: u64| {
+            let mut t = [0u8; 16];
+            t[..8].copy_from_slice(&at.to_le_bytes());
+            t[8..].copy_from_slice(MAGIC);
+            t
+        };
+        assert_eq!(locate_index(40, &tail(10)), Ok((10, 14)));
+        assert_eq!(locate_index(16, &tail(0)), Ok((0, 0)));
+        assert!(locate_index(15, &tail(0)).is_err());
+        for at in [25, u64::MAX, 1 << 63] {
+            assert!(
+                locate_index(40, &tail(at))
+                    .unwrap_err()
+                    .contains("does not fit"),
+                "{at}"
+            );
+        }
+        let big = MAX_INDEX_BYTES + 17;
+        assert!(
+            locate_index(big + 16, &tail(0))
+                .unwrap_err()
+                .contains("more than")
+        );
+        let mut bad = tail(0);
+        bad[15] = b'2';
+        assert!(locate_index(40, &bad).unwrap_err().contains("TFDSRK01"));
+        // An empty tensor whose dimensions multiply past 2^64 is legitimate.
+        let rows = parse_index(
+            br#"[["z", "float32", [4611686018427387904, 4, 0], 0, 0], ["a", "uint8", [2], 0, 2]]"#,
+            2,
+        )
+        .unwrap();
+        assert_eq!(rows[0].bytes, 0);
+        // A row whose end passes 2^64 is refused naming it (it overflowed in debug builds).
+        let e = parse_index(
+            br#"[["a", "uint8", [8], 0, 8], ["b", "uint8", [18446744073709551615], 8, 18446744073709551615]]"#,
+            16,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("row 1 (b)") && e.contains("past the data section"),
+            "{e}"
+        );
+        let e =
+            parse_index(br#"[["a", "float32", [4611686018427387904, 4], 0, 0]]"#, 16).unwrap_err();
+        assert!(e.contains("row 0 (a)") && e.contains("2^64"), "{e}");
     }
 }

@@ -142,20 +142,55 @@ pub fn read_shard_header(path: &Path) -> Result<ShardHeader, SafetensorsError> {
             problem: problem.to_string(),
         },
     })?;
+    shard_header(path, header, file_len)
+}
+
+/// A validated header of the `file_len`-byte shard at `path` (only named in errors) as the
+/// checkpoint's tensors: absolute offsets, in checked arithmetic.
+///
+/// # Errors
+/// [`SafetensorsError::Header`] when a tensor's range does not fit in 64 bits or ends before it
+/// begins, [`SafetensorsError::Length`] when the data section does not end at `file_len`.
+pub fn shard_header(
+    path: &Path,
+    header: safetensors_header::Header,
+    file_len: u64,
+) -> Result<ShardHeader, SafetensorsError> {
     let data_start = header.data_start();
+    let expected = data_start.checked_add(header.data_len());
+    if expected != Some(file_len) {
+        return Err(SafetensorsError::Length {
+            path: path.to_path_buf(),
+            expected: expected.unwrap_or(u64::MAX),
+            found: file_len,
+        });
+    }
     let tensors = header
         .tensors
         .into_iter()
-        .map(|t| TensorInfo {
-            dtype: DType::from_safetensors(&t.dtype),
-            dtype_name: t.dtype,
-            name: t.name,
-            shape: t.shape,
-            shard: 0,
-            offset: data_start + t.data_offsets.0,
-            len: t.data_offsets.1 - t.data_offsets.0,
+        .map(|t| {
+            let (begin, end) = t.data_offsets;
+            let offset = data_start.checked_add(begin);
+            match (offset, end.checked_sub(begin)) {
+                (Some(offset), Some(len)) => Ok(TensorInfo {
+                    dtype: DType::from_safetensors(&t.dtype),
+                    dtype_name: t.dtype,
+                    name: t.name,
+                    shape: t.shape,
+                    shard: 0,
+                    offset,
+                    len,
+                }),
+                _ => Err(SafetensorsError::Header {
+                    path: path.to_path_buf(),
+                    problem: format!(
+                        "tensor `{}`: data_offsets [{begin}, {end}] do not fit the file",
+                        t.name
+                    ),
+                }),
+            }
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     Ok(ShardHeader {
         shard: Shard {
             path: path.to_path_buf(),
@@ -375,13 +410,14 @@ pub fn build_header(
     let mut at = 0u64;
     let mut ranges = Vec::with_capacity(tensors.len());
     for (name, dtype, shape) in tensors {
-        let len = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+        // A shape too large for 64 bits is written as 2^64 - 1 bytes, which the reader refuses.
+        let len = safetensors_header::tensor_bytes(shape, dtype.size() * 8).unwrap_or(u64::MAX);
         obj.insert(
             name.clone(),
-            serde_json::json!({"dtype": dtype.safetensors_name(), "shape": shape, "data_offsets": [at, at + len]}),
+            serde_json::json!({"dtype": dtype.safetensors_name(), "shape": shape, "data_offsets": [at, at.saturating_add(len)]}),
         );
-        ranges.push((at, at + len));
-        at += len;
+        ranges.push((at, at.saturating_add(len)));
+        at = at.saturating_add(len);
     }
     let mut text = serde_json::to_vec(&Value::Object(obj)).unwrap_or_default();
     while !text.len().is_multiple_of(8) {

@@ -31,6 +31,24 @@ pub enum SplitPlanError {
         /// The world.
         world: usize,
     },
+    /// A product of `config.json` dimensions does not fit in a `usize`.
+    #[error(
+        "{what} = {a} × {b} overflows; config.json's dimensions are impossible, re-download it"
+    )]
+    Overflow {
+        /// The product.
+        what: &'static str,
+        /// Its first factor.
+        a: usize,
+        /// Its second factor.
+        b: usize,
+    },
+}
+
+/// `a × b`, or [`SplitPlanError::Overflow`] naming `what`.
+fn mul(what: &'static str, a: usize, b: usize) -> Result<usize, SplitPlanError> {
+    a.checked_mul(b)
+        .ok_or(SplitPlanError::Overflow { what, a, b })
 }
 
 /// Which EXL3 part an entry is.
@@ -69,10 +87,13 @@ impl Part {
 /// What one planned entry takes from its source tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WantKind {
-    /// A plain tensor, whole; `target` is the dtype the key names (`None`: the stored dtype).
+    /// A plain tensor, whole; `target` is the dtype the key names (`None`: the stored dtype,
+    /// which must be bf16).
     Plain {
         /// `torch.float32` / `torch.float16`, or `None`.
         target: Option<DType>,
+        /// The shape `config.json` gives the source tensor.
+        shape: Vec<usize>,
     },
     /// One part of an EXL3 linear, sliced by input rows and/or output columns.
     Exl3 {
@@ -86,6 +107,12 @@ pub enum WantKind {
         k16: Option<usize>,
         /// Expected N/16 of the written trellis, if fixed.
         n16: Option<usize>,
+        /// The linear's whole input size K (the trellis' first dimension × 16, `suh`'s length),
+        /// when `config.json` fixes it.
+        k: Option<usize>,
+        /// The linear's whole output size N (the trellis' second dimension × 16, `svh`'s
+        /// length), when `config.json` fixes it.
+        n: Option<usize>,
     },
 }
 
@@ -109,7 +136,7 @@ struct Builder {
 }
 
 impl Builder {
-    fn plain(&mut self, tensor: String, target: Option<DType>) {
+    fn plain(&mut self, tensor: String, target: Option<DType>, shape: Vec<usize>) {
         let t = match target {
             None => "None",
             Some(DType::F32) => "torch.float32",
@@ -118,7 +145,7 @@ impl Builder {
         self.out.push(Want {
             key: format!("{tensor}|{t}"),
             tensor,
-            kind: WantKind::Plain { target },
+            kind: WantKind::Plain { target, shape },
         });
     }
 
@@ -148,6 +175,8 @@ impl Builder {
                     rows,
                     k16: if is_tr { k16 } else { None },
                     n16: if is_tr { n16 } else { None },
+                    k,
+                    n,
                 },
             });
         }
@@ -209,50 +238,66 @@ pub fn plan(
             })
         }
     };
-    let heads_per = s.part("num_attention_heads", c.heads, 1)?;
-    let q_cols = by_16(
-        "num_attention_heads × head_dim",
-        heads_per * c.head_dim,
-        c.heads * c.head_dim,
-    )?;
+    s.part("num_attention_heads", c.heads, 1)?;
+    let q_all = mul("num_attention_heads × head_dim", c.heads, c.head_dim)?;
+    let q_cols = by_16("num_attention_heads × head_dim", q_all / world, q_all)?;
     let groups_per = s.part("o_groups", c.o_groups, 1)?;
-    let wo_b_rows = by_16(
-        "o_groups × o_lora_rank",
-        groups_per * c.o_lora,
-        c.o_groups * c.o_lora,
-    )?;
+    let wo_b_all = mul("o_groups × o_lora_rank", c.o_groups, c.o_lora)?;
+    let wo_b_rows = by_16("o_groups × o_lora_rank", wo_b_all / world, wo_b_all)?;
     let inter = s.part("moe_intermediate_size", c.expert_width, 16)?;
     let vocab = s.part("vocab_size", c.vocab, 16)?;
+    let what = "(engram_max_ngram_size − 1) × engram_n_heads";
+    let engram_cols = mul(what, c.engram_ngram.saturating_sub(1), c.engram_heads)?;
+    let engram_all = mul("engram hash rows", engram_cols, c.engram_head_dim)?;
     let engram_rows = if c.engram_layers.is_empty() {
         0
     } else {
-        let cols = c.engram_ngram.saturating_sub(1) * c.engram_heads;
-        let per = s.part("(engram_max_ngram_size − 1) × engram_n_heads", cols, 1)?;
-        let rows = per * c.engram_head_dim;
+        s.part(what, engram_cols, 1)?;
+        let all = engram_all;
+        let rows = all / world;
         if !rows.is_multiple_of(16) {
             return Err(SplitPlanError::Indivisible {
                 what: "engram hash rows",
-                value: cols * c.engram_head_dim,
+                value: all,
                 rank,
                 world,
             });
         }
         rows
     };
+    let wo_a_k = mul(
+        "num_attention_heads / o_groups × head_dim",
+        c.heads / c.o_groups.max(1),
+        c.head_dim,
+    )?;
+    let main_proj_k = mul(
+        "dspark_target_layer_ids (count) × hidden_size",
+        c.dspark_taps.len(),
+        c.hidden,
+    )?;
+    let d = c.hidden;
+    let hc_rows = mul("(2 + hc_mult) × hc_mult", c.hc.saturating_add(2), c.hc)?;
+    let hc_cols = mul("hc_mult × hidden_size", c.hc, d)?;
+    let indexer_n = mul(
+        "index_n_heads × index_head_dim",
+        c.index_heads,
+        c.index_head_dim,
+    )?;
+    let bf16 = None;
 
     let mut b = Builder { out: Vec::new() };
-    b.plain("embed.weight".into(), None);
-    b.plain("norm.weight".into(), None);
-    b.exl3("head", Some(s.range(vocab)), None, Some(c.hidden), None);
-    let d = c.hidden;
+    b.plain("embed.weight".into(), bf16, vec![c.vocab, d]);
+    b.plain("norm.weight".into(), bf16, vec![d]);
+    b.exl3("head", Some(s.range(vocab)), None, Some(d), Some(c.vocab));
     let block = |b: &mut Builder, p: &str, i: usize, experts: usize| {
         for hc in ["hc_attn", "hc_ffn"] {
-            for part in ["fn", "scale", "base"] {
-                b.plain(format!("{p}.{hc}_{part}"), Some(DType::F32));
-            }
+            let f32 = Some(DType::F32);
+            b.plain(format!("{p}.{hc}_fn"), f32, vec![hc_rows, hc_cols]);
+            b.plain(format!("{p}.{hc}_scale"), f32, vec![3]);
+            b.plain(format!("{p}.{hc}_base"), f32, vec![hc_rows]);
         }
-        b.plain(format!("{p}.attn_norm.weight"), None);
-        b.plain(format!("{p}.ffn_norm.weight"), None);
+        b.plain(format!("{p}.attn_norm.weight"), bf16, vec![d]);
+        b.plain(format!("{p}.ffn_norm.weight"), bf16, vec![d]);
         b.exl3(
             &format!("{p}.attn.wq_a"),
             None,
@@ -260,13 +305,13 @@ pub fn plan(
             Some(d),
             Some(c.q_lora),
         );
-        b.plain(format!("{p}.attn.q_norm.weight"), None);
+        b.plain(format!("{p}.attn.q_norm.weight"), bf16, vec![c.q_lora]);
         b.exl3(
             &format!("{p}.attn.wq_b"),
             Some(s.range(q_cols)),
             None,
             Some(c.q_lora),
-            None,
+            Some(q_all),
         );
         b.exl3(
             &format!("{p}.attn.wkv"),
@@ -275,14 +320,18 @@ pub fn plan(
             Some(d),
             Some(c.head_dim),
         );
-        b.plain(format!("{p}.attn.kv_norm.weight"), None);
-        b.plain(format!("{p}.attn.attn_sink"), Some(DType::F32));
+        b.plain(format!("{p}.attn.kv_norm.weight"), bf16, vec![c.head_dim]);
+        b.plain(
+            format!("{p}.attn.attn_sink"),
+            Some(DType::F32),
+            vec![c.heads],
+        );
         for g in rank * groups_per..(rank + 1) * groups_per {
             b.exl3(
                 &format!("{p}.attn.wo_a.slice.{g}"),
                 None,
                 None,
-                Some(c.heads / c.o_groups.max(1) * c.head_dim),
+                Some(wo_a_k),
                 Some(c.o_lora),
             );
         }
@@ -290,11 +339,13 @@ pub fn plan(
             &format!("{p}.attn.wo_b"),
             None,
             Some(s.range(wo_b_rows)),
-            None,
+            Some(wo_b_all),
             Some(d),
         );
         let kv = c.kv_sources.contains(&i);
         if kv {
+            // The compressor's output width is not a config field: its trellis, suh and svh
+            // must agree with each other (checked when the plan meets the checkpoint).
             b.exl3(
                 &format!("{p}.attn.compressor.wkv"),
                 None,
@@ -302,7 +353,11 @@ pub fn plan(
                 Some(d),
                 None,
             );
-            b.plain(format!("{p}.attn.compressor.norm.weight"), None);
+            b.plain(
+                format!("{p}.attn.compressor.norm.weight"),
+                bf16,
+                vec![c.head_dim],
+            );
             if c.ratios.get(i).copied().unwrap_or(0) > 1 {
                 b.exl3(
                     &format!("{p}.attn.compressor.wgate"),
@@ -319,11 +374,12 @@ pub fn plan(
                 None,
                 None,
                 Some(c.q_lora),
-                None,
+                Some(indexer_n),
             );
             b.plain(
                 format!("{p}.attn.indexer.weights_proj.weight"),
                 Some(DType::F32),
+                vec![c.index_heads, d],
             );
             if kv {
                 b.exl3(
@@ -333,32 +389,46 @@ pub fn plan(
                     Some(c.head_dim),
                     Some(c.index_head_dim),
                 );
-                b.plain(format!("{p}.attn.indexer.k_norm.weight"), None);
+                b.plain(
+                    format!("{p}.attn.indexer.k_norm.weight"),
+                    bf16,
+                    vec![c.index_head_dim],
+                );
             }
         }
-        b.plain(format!("{p}.ffn.gate.weight"), Some(DType::F16));
-        b.plain(format!("{p}.ffn.gate.bias"), Some(DType::F32));
+        b.plain(
+            format!("{p}.ffn.gate.weight"),
+            Some(DType::F16),
+            vec![experts, d],
+        );
+        b.plain(
+            format!("{p}.ffn.gate.bias"),
+            Some(DType::F32),
+            vec![experts],
+        );
         let cols = s.range(inter);
+        let width = Some(c.expert_width);
         for e in 0..=experts {
             let ep = if e < experts {
                 format!("{p}.ffn.experts.{e}")
             } else {
                 format!("{p}.ffn.shared_experts")
             };
-            b.exl3(&format!("{ep}.w1"), Some(cols), None, Some(d), None);
-            b.exl3(&format!("{ep}.w3"), Some(cols), None, Some(d), None);
-            b.exl3(&format!("{ep}.w2"), None, Some(cols), None, Some(d));
+            b.exl3(&format!("{ep}.w1"), Some(cols), None, Some(d), width);
+            b.exl3(&format!("{ep}.w3"), Some(cols), None, Some(d), width);
+            b.exl3(&format!("{ep}.w2"), None, Some(cols), width, Some(d));
         }
         if c.engram_layers.contains(&i) {
             b.exl3(
                 &format!("{p}.engram.wkv"),
                 None,
                 Some(s.range(engram_rows)),
-                None,
+                Some(engram_all),
                 None,
             );
-            b.plain(format!("{p}.engram.q_weight"), Some(DType::F32));
-            b.plain(format!("{p}.engram.k_weight"), Some(DType::F32));
+            let f32 = Some(DType::F32);
+            b.plain(format!("{p}.engram.q_weight"), f32, vec![c.hc, d]);
+            b.plain(format!("{p}.engram.k_weight"), f32, vec![c.hc, d]);
         }
     };
     for i in 0..c.layers {
@@ -369,18 +439,21 @@ pub fn plan(
             block(&mut b, &format!("mtp.{j}"), c.layers + j, c.draft_experts);
         }
         let last = format!("mtp.{}", c.draft_layers - 1);
-        b.exl3(
-            "mtp.0.main_proj",
-            None,
-            None,
-            Some(c.dspark_taps.len() * d),
-            Some(d),
+        b.exl3("mtp.0.main_proj", None, None, Some(main_proj_k), Some(d));
+        b.plain("mtp.0.main_norm.weight".into(), bf16, vec![d]);
+        b.plain(format!("{last}.norm.weight"), bf16, vec![d]);
+        let markov = vec![c.vocab, c.markov_rank];
+        b.plain(
+            format!("{last}.markov_head.embed.weight"),
+            bf16,
+            markov.clone(),
         );
-        b.plain("mtp.0.main_norm.weight".into(), None);
-        b.plain(format!("{last}.norm.weight"), None);
-        b.plain(format!("{last}.markov_head.embed.weight"), None);
-        b.plain(format!("{last}.markov_head.head.weight"), None);
-        b.plain(format!("{last}.confidence_head.proj.weight"), None);
+        b.plain(format!("{last}.markov_head.head.weight"), bf16, markov);
+        b.plain(
+            format!("{last}.confidence_head.proj.weight"),
+            bf16,
+            vec![1, d],
+        );
     }
     Ok(b.out)
 }
@@ -485,5 +558,25 @@ mod tests {
             plan(&odd, 0, 2, true),
             Err(SplitPlanError::Indivisible { .. })
         ));
+    }
+
+    #[test]
+    fn products_of_dimensions_are_checked_naming_them() {
+        // A config built in memory (not parsed: parsing bounds every dimension).
+        let mut c = flash();
+        c.heads = usize::MAX / 2 + 1;
+        c.head_dim = 4;
+        let e = plan(&c, 0, 2, true).unwrap_err();
+        assert!(
+            matches!(e, SplitPlanError::Overflow { what, .. } if what.contains("head_dim")),
+            "{e}"
+        );
+        let mut c = flash();
+        c.engram_heads = usize::MAX / 2;
+        let e = plan(&c, 0, 2, true).unwrap_err();
+        assert!(e.to_string().contains("engram"), "{e}");
+        let mut c = flash();
+        c.hidden = usize::MAX / 2;
+        assert!(plan(&c, 0, 2, true).is_err());
     }
 }

@@ -61,8 +61,7 @@ async fn listed_checkpoint_bytes(ctx: &Context) -> Option<u64> {
         .await?
         .iter()
         .filter(|(p, _)| p.ends_with(".safetensors"))
-        .map(|(_, s)| s)
-        .sum();
+        .fold(0u64, |n, (_, s)| n.saturating_add(*s));
     (total > 0).then_some(total)
 }
 
@@ -117,7 +116,7 @@ pub(in crate::steps::preflight) async fn settle_inputs(
     for (f, w) in facts.iter_mut().zip(&weights) {
         f.rank_weights = *w;
     }
-    let whole = listed.or_else(|| estimate.map(|e| e * world as u64));
+    let whole = listed.or_else(|| estimate.map(|e| e.saturating_mul(world as u64)));
     if let Some(head) = facts.first_mut()
         && let Some(data) = head.disks.first_mut()
     {

@@ -4,7 +4,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::copy::for_each_chunk;
+use super::checksum::BlockChecksums;
+use super::copy::{chunk_len, for_each_chunk};
 use super::plan::RankCachePlan;
 use super::{ExistingRankFile, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase};
 use crate::engine::tensorfold::inputs::rank_file;
@@ -43,11 +44,18 @@ pub fn build_rank_cache(
             existing,
         });
     }
+    // Every chunk's CRC-32, taken from the buffer it is written from (see `checksum`).
+    let block = chunk_len(opts);
+    let blocks = usize::try_from(plan.data_bytes.div_ceil(block)).unwrap_or(usize::MAX);
+    let crcs = std::sync::Mutex::new(Vec::new());
     let partial = out_dir.join(rank_file::partial_name(plan.rank, plan.world));
     // Exclusive and never through a symlink planted at the partial's name.
     let out = crate::safe_fs::create_exclusive(&partial, 0o644).map_err(io("create", &partial))?;
     let result = (|| {
         out.set_len(plan.file_len()).map_err(io("size", &partial))?;
+        crcs.lock()
+            .map_err(|_| RankCacheError::WorkerPanicked { rank: plan.rank })?
+            .resize(blocks, 0u32);
         let sink = |start: u64, buf: &[u8]| {
             out.write_all_at(buf, start)
                 .map_err(|source| RankCacheError::Io {
@@ -55,7 +63,15 @@ pub fn build_rank_cache(
                     op: "write",
                     path: partial.clone(),
                     source,
-                })
+                })?;
+            let crc = crc32fast::hash(buf);
+            let mut all = crcs
+                .lock()
+                .map_err(|_| RankCacheError::WorkerPanicked { rank: plan.rank })?;
+            if let Some(slot) = all.get_mut(usize::try_from(start / block).unwrap_or(usize::MAX)) {
+                *slot = crc;
+            }
+            Ok(())
         };
         for_each_chunk(plan, opts, RankCachePhase::Write, progress, &sink)?;
         let trailer = rank_file::trailer(plan.index_json.as_bytes(), plan.data_bytes);
@@ -93,6 +109,10 @@ pub fn build_rank_cache(
             }
         }
     }
+    let sums = BlockChecksums {
+        block_bytes: block,
+        crc32: crcs.into_inner().unwrap_or_default(),
+    };
     let dest = out_dir.join(&plan.file_name);
     std::fs::rename(&partial, &dest).map_err(io("rename", &partial))?;
     let side = sidecar_path(&dest);
@@ -102,7 +122,11 @@ pub fn build_rank_cache(
     ));
     crate::safe_fs::write_exclusive(
         &side_tmp,
-        plan.sidecar_json(opts.source_label.as_deref(), opts.overlay.as_deref()),
+        plan.sidecar_json(
+            opts.source_label.as_deref(),
+            opts.overlay.as_deref(),
+            Some(&sums),
+        ),
     )
     .map_err(io("write", &side_tmp))?;
     std::fs::rename(&side_tmp, &side).map_err(io("rename", &side_tmp))?;

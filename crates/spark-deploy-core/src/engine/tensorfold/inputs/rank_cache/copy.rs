@@ -117,6 +117,11 @@ fn fill_chunk(
     Ok(())
 }
 
+/// The data bytes of every chunk but the last: `opts.chunk_bytes`, at least 4096, a multiple of 4.
+pub(super) fn chunk_len(opts: &RankCacheOptions) -> u64 {
+    opts.chunk_bytes.max(4096) as u64 / 4 * 4
+}
+
 /// Receives each filled chunk with its data offset (write it, or compare it).
 type ChunkSink<'a> = dyn Fn(u64, &[u8]) -> Result<(), RankCacheError> + Sync + 'a;
 
@@ -141,7 +146,7 @@ pub(super) fn for_each_chunk(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let chunk = opts.chunk_bytes.max(4096) as u64 / 4 * 4;
+    let chunk = chunk_len(opts);
     let total = plan.data_bytes;
     let n_chunks = total.div_ceil(chunk);
     let next = AtomicU64::new(0);

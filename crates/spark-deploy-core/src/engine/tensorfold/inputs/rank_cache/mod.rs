@@ -9,7 +9,10 @@
 //!   `threads × (chunk + scratch)`, independent of the checkpoint's size.
 //! - `build`: [`build_rank_cache`] writes the chunks with positioned writes to
 //!   `.rank{R}of{W}.partial`, fsyncs it and renames it; the sidecar records what it was built from.
+//! - `checksum`: the CRC-32 of every block of the data section, recorded in the sidecar by the
+//!   build and checked at [`VerifyLevel::Checksums`] (the level `up` uses before launch).
 //! - `verify`: [`verify_rank_cache`] checks an existing file's index and, at
+//!   [`VerifyLevel::Checksums`], every data block against its recorded CRC-32 or, at
 //!   [`VerifyLevel::Bytes`], every data byte against the checkpoint.
 
 use std::path::PathBuf;
@@ -20,6 +23,7 @@ use super::safetensors_index::SafetensorsError;
 use super::split_plan::SplitPlanError;
 
 mod build;
+pub mod checksum;
 mod copy;
 mod plan;
 mod verify;

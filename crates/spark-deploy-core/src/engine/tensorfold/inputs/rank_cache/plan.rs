@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::checksum::{self, BlockChecksums};
 use super::{RankCacheError, RankCacheOptions};
 use crate::engine::tensorfold::inputs::dtype::DType;
 use crate::engine::tensorfold::inputs::model_config::ModelConfig;
@@ -85,9 +86,14 @@ impl RankCachePlan {
     }
 
     /// The sidecar written next to a built file (`<file>.source.json`): the index hash, the split,
-    /// and `source_label`.
+    /// `source_label`, and the data section's block checksums.
     #[must_use]
-    pub fn sidecar_json(&self, source_label: Option<&str>, overlay: Option<&Path>) -> String {
+    pub fn sidecar_json(
+        &self,
+        source_label: Option<&str>,
+        overlay: Option<&Path>,
+        checksums: Option<&BlockChecksums>,
+    ) -> String {
         serde_json::json!({
             "file": self.file_name,
             "index_sha256": crate::digest::sha256_hex(&self.index_json),
@@ -98,6 +104,7 @@ impl RankCachePlan {
             "dspark": self.dspark,
             "overlay": overlay.map(|p| p.display().to_string()),
             "source": source_label,
+            checksum::SIDECAR_KEY: checksums.map(BlockChecksums::to_json),
         })
         .to_string()
     }
@@ -155,13 +162,18 @@ pub fn plan_rank_cache(
                 tensor: w.tensor.clone(),
                 model_dir: model_dir.to_path_buf(),
             })?;
-        let (dtype, shape, source) = resolve(&w, t).map_err(|problem| RankCacheError::Layout {
+        let layout = |problem| RankCacheError::Layout {
             rank,
             key: w.key.clone(),
             tensor: w.tensor.clone(),
             problem,
-        })?;
-        let bytes = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+        };
+        let (dtype, shape, source) = resolve(&w, t, &checkpoint).map_err(layout)?;
+        let bytes =
+            crate::safetensors_header::tensor_bytes(&shape, dtype.size() * 8).map_err(layout)?;
+        let end = at
+            .checked_add(bytes)
+            .ok_or_else(|| layout(format!("the data section passes 2^64 bytes at {at}")))?;
         entries.push(PlannedEntry {
             row: IndexRow {
                 key: w.key,
@@ -173,7 +185,7 @@ pub fn plan_rank_cache(
             tensor: w.tensor,
             source,
         });
-        at += bytes;
+        at = end;
     }
     let index_json = rank_file::index_json(entries.iter().map(|e| &e.row))?;
     let file_name = rank_file::file_name(rank, world, index_json.as_bytes());
@@ -191,8 +203,22 @@ pub fn plan_rank_cache(
     })
 }
 
-/// The written dtype, shape and source range of one wanted entry, or why the source cannot give it.
-fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange), String> {
+/// `a × b + c` in checked 64-bit arithmetic (offsets and lengths from shard headers).
+fn mul_add(a: u64, b: u64, c: u64) -> Result<u64, String> {
+    a.checked_mul(b)
+        .and_then(|p| p.checked_add(c))
+        .ok_or_else(|| format!("{a} × {b} + {c} passes 2^64"))
+}
+
+/// The written dtype, shape and source range of one wanted entry, or why the source cannot give it:
+/// its dtype and shape must be what `config.json` makes them (a tensor whose dtype or shape was
+/// changed, even consistently with its byte length, is refused), and an EXL3 trellis must agree
+/// with its own `suh` and `svh`.
+fn resolve(
+    w: &Want,
+    t: &TensorInfo,
+    checkpoint: &Checkpoint,
+) -> Result<(DType, Vec<usize>, SourceRange), String> {
     let stored = t.dtype.ok_or_else(|| {
         format!(
             "has dtype {}, which the rank file cannot hold",
@@ -201,7 +227,19 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
     })?;
     let shard = t.shard;
     match &w.kind {
-        WantKind::Plain { target } => {
+        WantKind::Plain { target, shape } => {
+            if t.shape != *shape {
+                return Err(format!(
+                    "is {stored} {:?}; config.json makes it {shape:?}",
+                    t.shape
+                ));
+            }
+            if target.is_none() && stored != DType::Bf16 {
+                return Err(format!(
+                    "is stored as {stored}; the engine reads this tensor as stored and expects {}",
+                    DType::Bf16
+                ));
+            }
             let target = target.unwrap_or(stored);
             if target.torch_name().is_none() {
                 return Err(format!(
@@ -238,6 +276,8 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
             rows,
             k16,
             n16,
+            k,
+            n,
         } => {
             let tile_ok =
                 |r: &(usize, usize)| r.0.is_multiple_of(16) && r.1.is_multiple_of(16) && r.0 < r.1;
@@ -258,26 +298,41 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
                         ));
                     }
                     let (kt_all, nt_all, words) = (t.shape[0], t.shape[1], t.shape[2]);
+                    if !words.is_multiple_of(16) || !(16..=128).contains(&words) {
+                        return Err(format!(
+                            "has {words} words per tile; an EXL3 trellis has 16·bits, bits 1 to 8"
+                        ));
+                    }
+                    for (what, tiles, want) in [("K", kt_all, k), ("N", nt_all, n)] {
+                        if let Some(want) = want
+                            && tiles.checked_mul(16) != Some(*want)
+                        {
+                            return Err(format!(
+                                "is [{kt_all}, {nt_all}, {words}]: {what}/16 is {tiles}, config.json makes {what} {want}"
+                            ));
+                        }
+                    }
+                    check_scales(w, kt_all, nt_all, checkpoint)?;
                     let es = 2u64;
-                    let row = (nt_all * words) as u64 * es;
+                    let row = mul_add(nt_all as u64, words as u64 * es, 0)?;
                     let (k0, kt) = match rows {
                         Some((a, b)) => (a / 16, (b - a) / 16),
                         None => (0, kt_all),
                     };
-                    if k0 + kt > kt_all {
+                    if k0.checked_add(kt).is_none_or(|end| end > kt_all) {
                         return Err(format!(
                             "rows reach K-tile {} but the trellis has {kt_all}",
-                            k0 + kt
+                            k0.saturating_add(kt)
                         ));
                     }
                     let (n0, nt) = match cols {
                         Some((a, b)) => (a / 16, (b - a) / 16),
                         None => (0, nt_all),
                     };
-                    if n0 + nt > nt_all {
+                    if n0.checked_add(nt).is_none_or(|end| end > nt_all) {
                         return Err(format!(
                             "columns reach N-tile {} but the trellis has {nt_all}",
-                            n0 + nt
+                            n0.saturating_add(nt)
                         ));
                     }
                     if let Some(k) = k16
@@ -291,7 +346,7 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
                         return Err(format!("N/16 is {nt}, the plan expects {n}"));
                     }
                     let shape = vec![kt, nt, words];
-                    let base = t.offset + k0 as u64 * row;
+                    let base = mul_add(k0 as u64, row, t.offset)?;
                     let source = if nt == nt_all {
                         SourceRange::Contiguous {
                             shard,
@@ -300,8 +355,8 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
                     } else {
                         SourceRange::Strided {
                             shard,
-                            offset: base + (n0 * words) as u64 * es,
-                            run: (nt * words) as u64 * es,
+                            offset: mul_add(n0 as u64, words as u64 * es, base)?,
+                            run: mul_add(nt as u64, words as u64 * es, 0)?,
                             stride: row,
                             count: kt as u64,
                         }
@@ -315,7 +370,19 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
                             t.shape
                         ));
                     }
-                    let sel = if *part == Part::Suh { rows } else { cols };
+                    let (sel, whole) = if *part == Part::Suh {
+                        (rows, k)
+                    } else {
+                        (cols, n)
+                    };
+                    if let Some(whole) = whole
+                        && t.shape[0] != *whole
+                    {
+                        return Err(format!(
+                            "has {} values; config.json makes it {whole}",
+                            t.shape[0]
+                        ));
+                    }
                     let (a, b) = sel.unwrap_or((0, t.shape[0]));
                     if b > t.shape[0] {
                         return Err(format!(
@@ -328,11 +395,29 @@ fn resolve(w: &Want, t: &TensorInfo) -> Result<(DType, Vec<usize>, SourceRange),
                         vec![b - a],
                         SourceRange::Contiguous {
                             shard,
-                            offset: t.offset + a as u64 * 2,
+                            offset: mul_add(a as u64, 2, t.offset)?,
                         },
                     ))
                 }
             }
         }
     }
+}
+
+/// A trellis of `kt × nt` tiles agrees with its linear's `suh` (K values) and `svh` (N values)
+/// when the checkpoint holds them (a missing one is reported by its own entry).
+fn check_scales(w: &Want, kt: usize, nt: usize, checkpoint: &Checkpoint) -> Result<(), String> {
+    let prefix = w.tensor.strip_suffix(".trellis").unwrap_or(&w.tensor);
+    for (part, tiles) in [("suh", kt), ("svh", nt)] {
+        if let Some(v) = checkpoint.get(&format!("{prefix}.{part}"))
+            && v.shape.len() == 1
+            && Some(v.shape[0]) != tiles.checked_mul(16)
+        {
+            return Err(format!(
+                "has {tiles} tiles of 16 but `{prefix}.{part}` has {} values",
+                v.shape[0]
+            ));
+        }
+    }
+    Ok(())
 }

@@ -3,6 +3,7 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use super::checksum::{BlockChecksums, verify_checksums};
 use super::copy::for_each_chunk;
 use super::plan::RankCachePlan;
 use super::{ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase};
@@ -11,9 +12,14 @@ use crate::engine::tensorfold::inputs::rank_file;
 /// How deep [`verify_rank_cache`] looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VerifyLevel {
-    /// Footer, magic, name and every index row (key, dtype, shape, offset, bytes).
+    /// Footer, magic, name and every index row (key, dtype, shape, offset, bytes). Blind to the
+    /// data bytes.
     Index,
-    /// The above, plus every data byte against the checkpoint.
+    /// The above, plus every data block against the CRC-32 the build recorded in the sidecar:
+    /// one read of the rank file, not of the checkpoint (see `checksum`). A file whose sidecar
+    /// records no checksums (built by an older version) is checked at [`VerifyLevel::Bytes`].
+    Checksums,
+    /// The index, plus every data byte against the checkpoint.
     Bytes,
 }
 
@@ -23,8 +29,10 @@ pub enum VerifyLevel {
 ///
 /// # Errors
 /// [`RankCacheError::RankFile`] when the file is missing, several, or breaks a reader rule;
-/// [`RankCacheError::Mismatch`] naming the first entry that differs from the plan (or, at
-/// [`VerifyLevel::Bytes`], from the checkpoint); I/O errors; [`RankCacheError::Cancelled`].
+/// [`RankCacheError::Mismatch`] naming the first entry that differs from the plan (at
+/// [`VerifyLevel::Checksums`], the first block whose CRC-32 differs from the one recorded at build;
+/// at [`VerifyLevel::Bytes`], the first byte that differs from the checkpoint); I/O errors;
+/// [`RankCacheError::Cancelled`].
 pub fn verify_rank_cache(
     plan: &RankCachePlan,
     file: &Path,
@@ -102,6 +110,20 @@ pub fn verify_rank_cache(
             ),
         ));
     }
+    let level = match level {
+        VerifyLevel::Checksums => {
+            match super::read_sidecar(&path)
+                .and_then(|side| BlockChecksums::from_sidecar(&side, plan.data_bytes))
+            {
+                Some(sums) => {
+                    verify_checksums(plan, &path, &sums, opts.threads, progress)?;
+                    return Ok(path);
+                }
+                None => VerifyLevel::Bytes,
+            }
+        }
+        other => other,
+    };
     if level == VerifyLevel::Bytes {
         let f = crate::safe_fs::open_regular(&path).map_err(|source| RankCacheError::Io {
             rank: plan.rank,
