@@ -345,6 +345,8 @@ fn engine_repo_and_patches_are_never_read_as_git_options() {
         refused_field(|c| c.engine.patches = vec!["--exec=x".into()]),
         "engine.patches[0]"
     );
+}
+
 /// Four nodes under the TP=4 profile: the head and three workers.
 pub(crate) fn four_nodes(c: &mut DeploymentConfig) {
     c.deployment.engine = crate::config::EngineProfileName::TensorfoldDsv41Tp4;
