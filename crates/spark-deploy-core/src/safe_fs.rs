@@ -27,6 +27,9 @@ pub const TEXT_CAP: u64 = 1 << 20;
 /// Largest JSON document read from a checkpoint or a state directory: 64 MiB.
 pub const JSON_CAP: u64 = 64 << 20;
 
+/// Largest patch file read (`engine.patches`): 64 MiB.
+pub const PATCH_CAP: u64 = 64 << 20;
+
 /// `custom_flags` for reopening a partial file to resume it (a download's `.incomplete`): never
 /// through a symlink (`ELOOP`), never blocking on a FIFO (`ENXIO`).
 pub const RESUME_FLAGS: i32 = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;

@@ -139,7 +139,7 @@ fn detach(global: &Global, state_dir: &std::path::Path) -> Result<(), Failure> {
         .spawn()
         .map_err(io)?;
     let pid = child.id();
-    std::fs::write(files.pid(), format!("{pid}\n")).map_err(io)?;
+    spark_deploy_core::safe_fs::write_exclusive(&files.pid(), format!("{pid}\n")).map_err(io)?;
     if global.json {
         render::out(&serde_json::json!({"pid": pid, "log": files.log()}).to_string());
     } else {

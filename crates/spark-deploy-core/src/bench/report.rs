@@ -208,7 +208,7 @@ pub fn store_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, Repor
     };
     std::fs::create_dir_all(dir).map_err(io)?;
     let tmp = dir.join(format!(".{name}.partial"));
-    std::fs::write(&tmp, bytes).map_err(io)?;
+    crate::safe_fs::write_exclusive(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
     Ok(path)
 }

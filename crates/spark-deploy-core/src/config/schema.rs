@@ -212,7 +212,8 @@ impl Default for ModelSection {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HubSection {
-    /// HF-compatible endpoint; empty means the Hugging Face Hub (`HF_ENDPOINT`).
+    /// HF-compatible endpoint, an `http(s)://` URL (credentials in it are redacted as secrets);
+    /// empty means the Hugging Face Hub (`HF_ENDPOINT`).
     pub endpoint: String,
     /// Head's HF cache root, `HF_HOME`-style (the hub cache is its `hub/`); empty = as
     /// `huggingface_hub` (see [`super::hf_env`] for the variables that set it).
@@ -376,7 +377,8 @@ impl Default for EngineSection {
 pub struct StorageSection {
     /// Docker volume created on the worker in `nfs` mode (`NFS_VOLUME`).
     pub nfs_volume: String,
-    /// NFS server the worker mounts from (`HEAD_NFS_SERVER`); empty = the head's fabric address.
+    /// NFS server the worker mounts from, an IP address (`HEAD_NFS_SERVER`); empty = the head's
+    /// fabric address.
     pub head_nfs_server: String,
     /// Exported path as the worker mounts it; empty = the head's HF cache path.
     pub nfs_path: String,

@@ -68,10 +68,13 @@ impl ImageContext {
         let mut read = Vec::new();
         for p in patches {
             let path = Path::new(p);
-            let bytes = std::fs::read(path).map_err(|source| ContextError::Patch {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            let bytes =
+                crate::safe_fs::read_capped(path, crate::safe_fs::PATCH_CAP).map_err(|source| {
+                    ContextError::Patch {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                })?;
             let name = path
                 .file_name()
                 .map_or_else(|| p.clone(), |n| n.to_string_lossy().into_owned());

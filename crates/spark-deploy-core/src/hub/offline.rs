@@ -171,7 +171,7 @@ fn known_files(cache: &HfCache, repo: &str, commit: &str) -> (BTreeSet<String>, 
         .cloned()
         .collect();
     for index in indexes {
-        let Some(map) = std::fs::read(snap.join(&index))
+        let Some(map) = crate::safe_fs::read_capped(&snap.join(&index), crate::safe_fs::JSON_CAP)
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         else {

@@ -22,7 +22,7 @@ pub(crate) fn write_stamp(cache: &HfCache, repo: &str, etag: &str) {
     if let Some(v) = stamp_value(&blob) {
         let dir = cache.stamp_dir(repo);
         if std::fs::create_dir_all(&dir).is_ok() {
-            let _ = std::fs::write(dir.join(etag), v);
+            let _ = crate::safe_fs::write_exclusive(&dir.join(etag), v);
         }
     }
 }

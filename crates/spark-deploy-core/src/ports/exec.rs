@@ -412,7 +412,11 @@ impl Exec {
                     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                         tokio::fs::create_dir_all(parent).await?;
                     }
-                    tokio::fs::write(&tmp, contents).await?;
+                    // Exclusive and never through a symlink planted at the temporary name.
+                    let (t, bytes) = (tmp.clone(), contents.to_vec());
+                    tokio::task::spawn_blocking(move || crate::safe_fs::write_exclusive(&t, bytes))
+                        .await
+                        .map_err(std::io::Error::other)??;
                     tokio::fs::rename(&tmp, path).await
                 }
                 .await;
@@ -423,7 +427,10 @@ impl Exec {
             }
             Backend::Ssh(_) => {
                 let p = self.remote_path(path)?;
-                let script = "set -e; umask 022; mkdir -p -- \"$(dirname -- \"$1\")\"; \
+                // The temporary is removed first and created under noclobber (`set -C`): a
+                // symlink planted at its name is never written through.
+                let script = "set -eC; umask 022; mkdir -p -- \"$(dirname -- \"$1\")\"; \
+                              rm -f -- \"$1.sd-tmp\"; \
                               cat > \"$1.sd-tmp\" || { rm -f -- \"$1.sd-tmp\"; exit 1; }; \
                               mv -f -- \"$1.sd-tmp\" \"$1\"";
                 self.run(&Cmd::shell(script).arg("sh").arg(p).stdin(contents.to_vec()))

@@ -342,7 +342,8 @@ async fn build(
         std::fs::create_dir_all(d).map_err(io("create", d))?;
     }
     let log_path = logs.join(format!("build-{}.log", &key[..16]));
-    let mut log_file = std::fs::File::create(&log_path).map_err(io("create", &log_path))?;
+    let mut log_file =
+        crate::safe_fs::create_exclusive(&log_path, 0o644).map_err(io("create", &log_path))?;
     // The build runs as the owner of the build directory, so its files stay removable.
     let meta = std::fs::metadata(inputs.build_dir).map_err(io("stat", inputs.build_dir))?;
     let user = (meta.uid() != 0).then(|| format!("{}:{}", meta.uid(), meta.gid()));
@@ -429,7 +430,8 @@ async fn build(
         install(&from, &to)?;
         binaries.push((name.clone(), sha256_file(&to).map_err(io("read", &to))?));
     }
-    std::fs::copy(&log_path, entry.join("build.log")).map_err(io("copy", &log_path))?;
+    crate::safe_fs::copy_exclusive(&log_path, &entry.join("build.log"), 0o644)
+        .map_err(io("copy", &log_path))?;
     let record = BuildRecord {
         key: key.to_owned(),
         repo: inputs.repo.to_owned(),

@@ -119,10 +119,11 @@ pub(super) fn read_patches(paths: &[String]) -> Result<Vec<(String, String, Stri
     paths
         .iter()
         .map(|p| {
-            let bytes = std::fs::read(p).map_err(|source| BuildError::PatchRead {
-                path: p.clone(),
-                source,
-            })?;
+            let bytes = crate::safe_fs::read_capped(Path::new(p), crate::safe_fs::PATCH_CAP)
+                .map_err(|source| BuildError::PatchRead {
+                    path: p.clone(),
+                    source,
+                })?;
             let name = Path::new(p)
                 .file_name()
                 .map_or_else(|| p.clone(), |n| n.to_string_lossy().into_owned());

@@ -297,7 +297,7 @@ pub fn write_rope_tables(
     }
     let report = RopeReport { rows, half, files };
     if published.is_none() {
-        std::fs::write(&json_path, report.rope_json()).map_err(io(&json_path))?;
+        crate::safe_fs::write_exclusive(&json_path, report.rope_json()).map_err(io(&json_path))?;
     }
     Ok(report)
 }
