@@ -261,9 +261,9 @@ fn both_ranks_reassemble_to_the_source_byte_for_byte() {
             );
             assert!(ga.0.ends_with(".attn.wo_a"), "{}", a.key);
             assert_eq!(
-                ga.1.parse::<usize>().unwrap() + 1,
+                ga.1.parse::<usize>().unwrap() + 2,
                 gb.1.parse::<usize>().unwrap(),
-                "small spec: 2 groups"
+                "small spec: 4 groups, two a rank"
             );
             let suffix = match fa[3] {
                 "tr" => "trellis",
@@ -351,8 +351,8 @@ fn both_ranks_reassemble_to_the_source_byte_for_byte() {
     assert!(split_checked > 100, "{split_checked}");
     assert_eq!(
         wo_a_groups,
-        3 * 6,
-        "three parts of one group a rank in each of 6 blocks"
+        3 * 2 * 6,
+        "three parts of two groups a rank in each of 6 blocks"
     );
     assert!(
         plain_checked > 100 && widened > 20,
