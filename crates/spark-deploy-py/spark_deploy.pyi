@@ -333,8 +333,9 @@ class Testbed:
     def close(self) -> None:
         """Stop the hub (the containers stay; ``testbed_down()`` removes them)."""
 
-def testbed_up() -> Testbed:
-    """Bring the testbed up, start its hub over the test-scale checkpoint, install the stand-in."""
+def testbed_up(workers: int = 1) -> Testbed:
+    """Bring the testbed up (``workers=3``: four nodes, the TP=4 profile), start its hub over the
+    test-scale checkpoint, install the stand-in."""
 
 def testbed_down() -> bool:
     """Remove everything the testbed created; True when its state directory existed."""

@@ -54,9 +54,13 @@ impl Testbed {
 }
 
 /// Brings the testbed up (two Sparks on this machine: a worker container over SSH, a fabric
-/// network), generates the test-scale checkpoint and starts its hub, installs the stand-in.
+/// network; four with ``workers=3``, whose config then takes the TP=4 profile), generates the
+/// test-scale checkpoint and starts its hub, installs the stand-in.
 ///
 /// Needs root and a running Docker daemon. Replaces a testbed that is already up.
+///
+/// Args:
+///     workers: worker nodes besides the head, 1 (default) or 3.
 ///
 /// Returns:
 ///     A ``Testbed``; ``Deployment(testbed.config).up()`` deploys onto it.
@@ -65,10 +69,19 @@ impl Testbed {
 ///     SparkDeployError: the failing part (daemon, image, keys, sshd, hub).
 ///     KeyboardInterrupt: on Ctrl-C (``testbed_down()`` removes a half-built testbed).
 #[pyfunction]
-pub(crate) fn testbed_up(py: Python<'_>) -> PyResult<Testbed> {
+#[pyo3(signature = (workers = 1))]
+pub(crate) fn testbed_up(py: Python<'_>, workers: u8) -> PyResult<Testbed> {
+    if workers != 1 && workers != 3 {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "workers = {workers}: 1 (two nodes, TP=2) or 3 (four nodes, the TP=4 profile)"
+        )));
+    }
     let home = crate::home();
     let (hub, config, state_dir) = events::block(py, async move {
-        let opts = TestbedOptions::default();
+        let opts = TestbedOptions {
+            workers,
+            ..TestbedOptions::default()
+        };
         let info = cluster::up(&opts).await?;
         let (hub, config) = spark_deploy_testbed::demo::prepare(&info, &home).await?;
         Ok((hub, config, info.state_dir))

@@ -12,7 +12,15 @@ pub(super) fn nodes(c: &mut Checker, config: &DeploymentConfig, limits: &EngineL
     // [[nodes]]
     let n = config.nodes.len();
     if !limits.world_sizes.contains(&n) {
-        c.refuse("nodes", format!("{n} node(s)"), format!("{:?} nodes: the engine's tensor-parallel world size (one rank per node, head first)", limits.world_sizes));
+        let four = if n == 4 && !limits.world_sizes.contains(&4) {
+            format!(
+                "; four Sparks take deployment.engine = \"{}\"",
+                crate::config::EngineProfileName::TensorfoldDsv41Tp4.as_str()
+            )
+        } else {
+            String::new()
+        };
+        c.refuse("nodes", format!("{n} node(s)"), format!("{:?} nodes: the engine's tensor-parallel world size (one rank per node, head first){four}", limits.world_sizes));
     }
     let mut names = std::collections::BTreeSet::new();
     for (i, node) in config.nodes.iter().enumerate() {

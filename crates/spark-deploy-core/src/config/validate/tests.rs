@@ -367,6 +367,10 @@ fn four_nodes_need_the_tp4_profile_which_takes_two_or_four() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("nodes = 4 node(s): allowed [2] nodes"), "{e}");
+    assert!(
+        e.contains("four Sparks take deployment.engine = \"tensorfold-dsv41-tp4\""),
+        "{e}"
+    );
     let v = check(four_nodes).unwrap();
     assert_eq!(v.config().nodes.len(), 4);
     assert!(v.limits().tp4_branch);
