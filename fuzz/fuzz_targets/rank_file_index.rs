@@ -3,7 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use spark_deploy_core::engine::tensorfold::inputs::rank_file::{index_json, locate_index, parse_index};
+use spark_deploy_core::engine::tensorfold::inputs::rank_file::{
+    index_json, locate_index, parse_index,
+};
 
 fuzz_target!(|data: &[u8]| {
     // The file as a whole: footer, then the index it points at.

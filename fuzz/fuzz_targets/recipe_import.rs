@@ -13,7 +13,11 @@ fn recipe_dir() -> &'static PathBuf {
     DIR.get_or_init(|| {
         // tmpfs when there is one: two small files are written every iteration.
         let shm = std::path::Path::new("/dev/shm");
-        let tmp = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+        let tmp = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
         let d = tmp.join(format!("sd-fuzz-recipe-{}", std::process::id()));
         std::fs::create_dir_all(d.join("scripts")).expect("a temporary directory");
         d

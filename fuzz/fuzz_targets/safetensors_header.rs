@@ -25,7 +25,11 @@ fuzz_target!(|data: &[u8]| {
         let claimed = h.file_len();
         if let Ok(s) = shard_header(Path::new("fuzz.safetensors"), h, claimed) {
             for t in &s.tensors {
-                assert!(t.offset.checked_add(t.len).is_some_and(|end| end <= claimed));
+                assert!(
+                    t.offset
+                        .checked_add(t.len)
+                        .is_some_and(|end| end <= claimed)
+                );
             }
         }
     }
