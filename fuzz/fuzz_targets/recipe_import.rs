@@ -1,5 +1,5 @@
 //! A recipe directory: `.env`, then (after a NUL byte) `scripts/local.sh`, imported with the core's
-//! public `import_recipe` and the result validated.
+//! public `import_recipe` (which validates what it imports) and the result validated again.
 #![no_main]
 
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = std::fs::remove_file(dir.join("scripts/local.sh"));
         }
     }
-    match import_recipe(dir) {
+    match import_recipe(dir, Path::new("/home/fuzz")) {
         Ok(imported) => {
             let _ = (imported.imported.len(), imported.skipped.len());
             if let Err(e) = validate(imported.config, Path::new("/home/fuzz")) {
