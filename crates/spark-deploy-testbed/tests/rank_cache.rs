@@ -1086,3 +1086,97 @@ fn checksums_recorded_at_build_catch_every_flipped_byte_without_the_checkpoint()
         "{err}"
     );
 }
+
+/// The pipelined `up` builds rank files while shards arrive: every entry of a shard written as
+/// the shard lands, in any order. Handed the shards backwards, both ranks come out byte for byte
+/// as the whole-file build writes them, with the same block checksums; stopped after two shards,
+/// the next build is handed only the rest (the journal records the two) and ends the same.
+#[test]
+fn a_streaming_build_in_any_shard_order_equals_the_whole_file_build_and_resumes_after_a_stop() {
+    use spark_deploy_core::engine::tensorfold::inputs::{
+        build_rank_caches_streaming, plan_rank_cache_from, safetensors_index::Checkpoint,
+    };
+    let model = small();
+    let o = opts();
+    let whole = tempfile::tempdir().unwrap();
+    let want: Vec<PathBuf> = (0..2).map(|r| build(model, whole.path(), r, &o)).collect();
+    let plans: Vec<_> = (0..2)
+        .map(|r| {
+            plan_rank_cache_from(model, Checkpoint::open_dir(model).unwrap(), r, 2, &o).unwrap()
+        })
+        .collect();
+    let shards = plans[0].checkpoint.shards.len();
+    assert!(shards >= 3, "{shards} shards");
+    let same = |got: &[PathBuf]| {
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.file_name(), w.file_name());
+            assert!(
+                std::fs::read(g).unwrap() == std::fs::read(w).unwrap(),
+                "{} differs",
+                g.display()
+            );
+            let sums = |p: &Path| {
+                spark_deploy_core::engine::tensorfold::inputs::read_sidecar(p).unwrap()["checksums"]
+                    .clone()
+            };
+            assert_eq!(sums(g), sums(w), "{}", g.display());
+        }
+    };
+
+    // Backwards, in one go.
+    let out = tempfile::tempdir().unwrap();
+    let mut backwards = |pending: &[usize]| Ok(*pending.last().unwrap());
+    let got =
+        build_rank_caches_streaming(&plans, out.path(), &o, &mut backwards, &mut no_progress())
+            .unwrap();
+    same(&got.iter().map(|s| s.path.clone()).collect::<Vec<_>>());
+    assert!(got.iter().all(|s| s.resumed_shards == 0));
+    let left: Vec<String> = std::fs::read_dir(out.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "no partial or journal is left: {left:?}");
+
+    // Stopped after two shards, then resumed.
+    let out = tempfile::tempdir().unwrap();
+    let mut handed = Vec::new();
+    let mut two_then_stop = |pending: &[usize]| {
+        if handed.len() == 2 {
+            return Err(Cancelled);
+        }
+        handed.push(pending[0]);
+        Ok(pending[0])
+    };
+    let err = build_rank_caches_streaming(
+        &plans,
+        out.path(),
+        &o,
+        &mut two_then_stop,
+        &mut no_progress(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, RankCacheError::Cancelled { .. }), "{err}");
+    assert!(out.path().join(".rank0of2.partial.journal").exists());
+    assert!(
+        !std::fs::read_dir(out.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".bin")),
+        "no file under a final name"
+    );
+    let mut asked = Vec::new();
+    let mut rest = |pending: &[usize]| {
+        asked.extend_from_slice(pending);
+        Ok(pending[0])
+    };
+    let got =
+        build_rank_caches_streaming(&plans, out.path(), &o, &mut rest, &mut no_progress()).unwrap();
+    assert!(
+        handed.iter().all(|s| !asked.contains(s)),
+        "journalled shards {handed:?} were asked for again: {asked:?}"
+    );
+    assert!(got.iter().all(|s| s.resumed_shards == 2), "{got:?}");
+    same(&got.iter().map(|s| s.path.clone()).collect::<Vec<_>>());
+}

@@ -428,38 +428,52 @@ impl Hub {
             total_bytes: tally.total,
         });
 
-        // 2. Blobs, a bounded number at once.
+        // 2. Blobs, a bounded number at once, smallest first (the small files a consumer needs to
+        //    plan, such as config and index, are final early). Each blob's snapshot links are made
+        //    as soon as it verifies, so a consumer running alongside (the pipelined `up`) can use
+        //    a file the moment its link appears: a link only ever points to a verified blob.
         let tally_ref = &tally;
-        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = futures::stream::iter(
-            jobs.values()
-                .map(|job| async move {
-                    let o = self.fetch_blob(r, job, tally_ref).await?;
-                    Ok((job.etag.clone(), o))
-                })
-                .collect::<Vec<_>>(),
-        )
-        .buffer_unordered(self.cfg.max_streams.max(1))
-        .collect()
-        .await;
+        let mut order: Vec<&Job> = jobs.values().collect();
+        order.sort_by(|a, b| a.size.cmp(&b.size).then_with(|| a.paths.cmp(&b.paths)));
+        let outcomes: Vec<Result<(String, FileOutcome, Vec<PathBuf>), FetchError>> =
+            futures::stream::iter(
+                order
+                    .into_iter()
+                    .map(|job| async move {
+                        let o = self.fetch_blob(r, job, tally_ref).await?;
+                        let mut locals = Vec::with_capacity(job.paths.len());
+                        for path in &job.paths {
+                            locals.push(
+                                self.cache
+                                    .link_snapshot(&r.repo, &r.commit, path, &job.etag)?,
+                            );
+                            progress.on_event(&FetchEvent::FileDone {
+                                file: path.clone(),
+                                outcome: o,
+                            });
+                        }
+                        Ok((job.etag.clone(), o, locals))
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .buffer_unordered(self.cfg.max_streams.max(1))
+            .collect()
+            .await;
         let mut outcome_of = BTreeMap::new();
         for o in outcomes {
-            let (etag, outcome) = o?;
+            let (etag, outcome, _) = o?;
             outcome_of.insert(etag, outcome);
         }
 
-        // 3. Snapshot links, ref, manifest.
+        // 3. Ref and manifest.
         let mut report_files = Vec::new();
         let mut manifest = Vec::new();
         for (path, etag, size) in by_path {
-            let local = self.cache.link_snapshot(&r.repo, &r.commit, &path, &etag)?;
+            let local = self.cache.snapshot_path(&r.repo, &r.commit, &path)?;
             let outcome = outcome_of
                 .get(&etag)
                 .copied()
                 .unwrap_or(FileOutcome::AlreadyVerified);
-            progress.on_event(&FetchEvent::FileDone {
-                file: path.clone(),
-                outcome,
-            });
             manifest.push(ManifestEntry {
                 path: path.clone(),
                 etag: etag.clone(),

@@ -29,6 +29,7 @@ pub mod token_map;
 pub use model_config::{ModelConfig, ModelConfigError};
 pub use rank_cache::{
     Cancelled, ExistingRankFile, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase,
-    RankCachePlan, RankCacheProgress, VerifyLevel, build_rank_cache, plan_rank_cache, read_sidecar,
-    sidecar_path, verify_rank_cache,
+    RankCachePlan, RankCacheProgress, StreamedRank, VerifyLevel, build_rank_cache,
+    build_rank_caches_streaming, plan_rank_cache, plan_rank_cache_from, read_sidecar, sidecar_path,
+    verify_rank_cache,
 };

@@ -272,17 +272,45 @@ impl Checkpoint {
                 dir: dir.to_path_buf(),
             });
         }
+        let headers = paths
+            .iter()
+            .map(|p| read_shard_header(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let index = dir.join("model.safetensors.index.json");
+        let index = if index.exists() {
+            Some(read_index_json(&index)?)
+        } else {
+            None
+        };
+        Self::from_headers(dir, headers, index.as_ref())
+    }
+
+    /// The checkpoint of shard headers read elsewhere (by byte range from the Hub, before the
+    /// shards arrive): as [`Checkpoint::open_dir`] over files with these headers, each shard's
+    /// `path` being where the file will be.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::open_dir`]: no shard, a duplicate tensor, an index that disagrees.
+    pub fn from_headers(
+        dir: &Path,
+        mut headers: Vec<ShardHeader>,
+        index: Option<&IndexJson>,
+    ) -> Result<Self, SafetensorsError> {
+        headers.sort_by(|a, b| a.shard.path.cmp(&b.shard.path));
+        if headers.is_empty() {
+            return Err(SafetensorsError::Empty {
+                dir: dir.to_path_buf(),
+            });
+        }
         let mut ck = Checkpoint {
             shards: Vec::new(),
             tensors: HashMap::new(),
             overlay_from: None,
         };
-        for p in &paths {
-            ck.add_shard(p, false)?;
+        for h in headers {
+            ck.add_header(h, false)?;
         }
-        let index = dir.join("model.safetensors.index.json");
-        if index.exists() {
-            let ix = read_index_json(&index)?;
+        if let Some(ix) = index {
             for (tensor, shard) in &ix.weight_map {
                 let Some(t) = ck.tensors.get(tensor) else {
                     return Err(SafetensorsError::IndexMismatch {
@@ -324,7 +352,11 @@ impl Checkpoint {
     }
 
     fn add_shard(&mut self, path: &Path, replace: bool) -> Result<(), SafetensorsError> {
-        let h = read_shard_header(path)?;
+        self.add_header(read_shard_header(path)?, replace)
+    }
+
+    fn add_header(&mut self, h: ShardHeader, replace: bool) -> Result<(), SafetensorsError> {
+        let path = h.shard.path.clone();
         let idx = self.shards.len();
         self.shards.push(h.shard);
         let overlay_from = self.overlay_from.unwrap_or(usize::MAX);
@@ -336,11 +368,47 @@ impl Checkpoint {
                     return Err(SafetensorsError::Duplicate {
                         tensor: t.name.clone(),
                         first: self.shards[prev.shard].path.clone(),
-                        second: path.to_path_buf(),
+                        second: path.clone(),
                     });
                 }
             }
             self.tensors.insert(t.name.clone(), t);
+        }
+        Ok(())
+    }
+
+    /// Whether `header` (read from the file at shard `index`) describes that shard as this
+    /// checkpoint has it: the same length, data start and tensors at the same ranges.
+    ///
+    /// # Errors
+    /// The first difference, in words.
+    pub fn matches_header(&self, index: usize, header: &ShardHeader) -> Result<(), String> {
+        let Some(shard) = self.shards.get(index) else {
+            return Err(format!("no shard {index}"));
+        };
+        if (shard.len, shard.data_start) != (header.shard.len, header.shard.data_start) {
+            return Err(format!(
+                "{} bytes with data from {}, planned {} with data from {}",
+                header.shard.len, header.shard.data_start, shard.len, shard.data_start
+            ));
+        }
+        let planned = self.tensors.values().filter(|t| t.shard == index).count();
+        if planned != header.tensors.len() {
+            return Err(format!(
+                "{} tensors, planned {planned}",
+                header.tensors.len()
+            ));
+        }
+        for t in &header.tensors {
+            let same = self.tensors.get(&t.name).is_some_and(|p| {
+                p.shard == index
+                    && (p.offset, p.len) == (t.offset, t.len)
+                    && p.dtype_name == t.dtype_name
+                    && p.shape == t.shape
+            });
+            if !same {
+                return Err(format!("tensor `{}` differs", t.name));
+            }
         }
         Ok(())
     }

@@ -85,11 +85,41 @@ pub fn build_rank_cache(
         let _ = std::fs::remove_file(&partial);
         return Err(e);
     }
+    let sums = BlockChecksums {
+        block_bytes: block,
+        crc32: crcs.into_inner().unwrap_or_default(),
+    };
+    finalize(plan, out_dir, opts, &partial, &sums)
+}
+
+/// Gives a written and synced `partial` its final name [`RankCachePlan::file_name`] in `out_dir`
+/// (after moving older files for the rank aside, or refusing, as `opts.existing` says), writes
+/// the sidecar with `sums`, and syncs the directory. Returns the final path.
+///
+/// # Errors
+/// [`RankCacheError::Exists`] or an I/O failure; `partial` is removed when refused.
+pub(super) fn finalize(
+    plan: &RankCachePlan,
+    out_dir: &Path,
+    opts: &RankCacheOptions,
+    partial: &Path,
+    sums: &BlockChecksums,
+) -> Result<PathBuf, RankCacheError> {
+    let io = |op: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        let rank = plan.rank;
+        move |source| RankCacheError::Io {
+            rank,
+            op,
+            path,
+            source,
+        }
+    };
     // The directory may have gained a file while we wrote: check again.
     let existing = rank_file::rank_files(out_dir, plan.rank, plan.world)?;
     if !existing.is_empty() {
         if opts.existing == ExistingRankFile::Refuse {
-            let _ = std::fs::remove_file(&partial);
+            let _ = std::fs::remove_file(partial);
             return Err(RankCacheError::Exists {
                 dir: out_dir.to_path_buf(),
                 rank: plan.rank,
@@ -109,12 +139,8 @@ pub fn build_rank_cache(
             }
         }
     }
-    let sums = BlockChecksums {
-        block_bytes: block,
-        crc32: crcs.into_inner().unwrap_or_default(),
-    };
     let dest = out_dir.join(&plan.file_name);
-    std::fs::rename(&partial, &dest).map_err(io("rename", &partial))?;
+    std::fs::rename(partial, &dest).map_err(io("rename", partial))?;
     let side = sidecar_path(&dest);
     let side_tmp = out_dir.join(format!(
         ".{}.partial",
@@ -125,7 +151,7 @@ pub fn build_rank_cache(
         plan.sidecar_json(
             opts.source_label.as_deref(),
             opts.overlay.as_deref(),
-            Some(&sums),
+            Some(sums),
         ),
     )
     .map_err(io("write", &side_tmp))?;

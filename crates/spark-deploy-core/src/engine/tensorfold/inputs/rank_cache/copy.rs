@@ -11,23 +11,23 @@ use super::{
 };
 use crate::engine::tensorfold::inputs::dtype::f16_to_f32_bits;
 
-/// Copies entry bytes `[p0, p1)` of `e` into `dst`.
-fn copy_piece(
+/// Copies entry bytes `[p0, p1)` of `e` into `dst`, reading `file` (the entry's shard).
+pub(super) fn copy_piece(
     e: &PlannedEntry,
-    files: &[File],
+    file: &File,
     p0: u64,
     p1: u64,
     dst: &mut [u8],
     scratch: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     match e.source {
-        SourceRange::Contiguous { shard, offset } => files[shard].read_exact_at(dst, offset + p0),
-        SourceRange::WidenF16 { shard, offset } => {
+        SourceRange::Contiguous { offset, .. } => file.read_exact_at(dst, offset + p0),
+        SourceRange::WidenF16 { offset, .. } => {
             let (e0, e1) = (p0 / 4, p1.div_ceil(4));
             let n = (e1 - e0) as usize;
             scratch.resize(n * 6, 0);
             let (half, wide) = scratch.split_at_mut(n * 2);
-            files[shard].read_exact_at(half, offset + e0 * 2)?;
+            file.read_exact_at(half, offset + e0 * 2)?;
             for (h, w) in half.chunks_exact(2).zip(wide.chunks_exact_mut(4)) {
                 let bits = f16_to_f32_bits(u16::from_le_bytes([h[0], h[1]]));
                 w.copy_from_slice(&bits.to_le_bytes());
@@ -37,7 +37,6 @@ fn copy_piece(
             Ok(())
         }
         SourceRange::Strided {
-            shard,
             offset,
             run,
             stride,
@@ -46,7 +45,7 @@ fn copy_piece(
             let (r0, r1) = (p0 / run, (p1 - 1) / run);
             let src_of = |p: u64| offset + (p / run) * stride + p % run;
             if r0 == r1 {
-                return files[shard].read_exact_at(dst, src_of(p0));
+                return file.read_exact_at(dst, src_of(p0));
             }
             let span0 = src_of(p0);
             let span1 = offset + r1 * stride + (p1 - r1 * run);
@@ -55,7 +54,7 @@ fn copy_piece(
             // (column halves); otherwise a read a run
             if span <= dst.len() as u64 * 2 + 2 * stride {
                 scratch.resize(span as usize, 0);
-                files[shard].read_exact_at(scratch, span0)?;
+                file.read_exact_at(scratch, span0)?;
                 let mut p = p0;
                 while p < p1 {
                     let end = ((p / run) + 1) * run;
@@ -71,7 +70,7 @@ fn copy_piece(
                 while p < p1 {
                     let end = (((p / run) + 1) * run).min(p1);
                     let d = (p - p0) as usize;
-                    files[shard].read_exact_at(&mut dst[d..d + (end - p) as usize], src_of(p))?;
+                    file.read_exact_at(&mut dst[d..d + (end - p) as usize], src_of(p))?;
                     p = end;
                 }
             }
@@ -103,7 +102,7 @@ fn fill_chunk(
                 | SourceRange::Strided { shard, .. }
                 | SourceRange::WidenF16 { shard, .. } => shard,
             };
-            copy_piece(e, files, p0, p1, dst, scratch).map_err(|source| {
+            copy_piece(e, &files[shard], p0, p1, dst, scratch).map_err(|source| {
                 RankCacheError::ReadSource {
                     rank: plan.rank,
                     key: e.row.key.clone(),
@@ -287,7 +286,7 @@ mod tests {
                 (run * 2, run * 3),
             ] {
                 let mut dst = vec![0u8; (p1 - p0) as usize];
-                copy_piece(&e, &files, p0, p1, &mut dst, &mut scratch).unwrap();
+                copy_piece(&e, &files[0], p0, p1, &mut dst, &mut scratch).unwrap();
                 assert_eq!(
                     dst,
                     want[p0 as usize..p1 as usize],
@@ -321,7 +320,7 @@ mod tests {
         let mut scratch = Vec::new();
         for (p0, p1) in [(0u64, 24u64), (1, 23), (5, 6), (7, 13)] {
             let mut dst = vec![0u8; (p1 - p0) as usize];
-            copy_piece(&e, &files, p0, p1, &mut dst, &mut scratch).unwrap();
+            copy_piece(&e, &files[0], p0, p1, &mut dst, &mut scratch).unwrap();
             assert_eq!(dst, want[p0 as usize..p1 as usize], "[{p0}, {p1})");
         }
     }

@@ -9,6 +9,9 @@
 //!   `threads × (chunk + scratch)`, independent of the checkpoint's size.
 //! - `build`: [`build_rank_cache`] writes the chunks with positioned writes to
 //!   `.rank{R}of{W}.partial`, fsyncs it and renames it; the sidecar records what it was built from.
+//! - `stream`: [`build_rank_caches_streaming`] writes every rank's entries shard by shard as the
+//!   shards arrive (plans made from headers read ahead), journalled so an interrupted build
+//!   resumes after the last shard it synced.
 //! - `checksum`: the CRC-32 of every block of the data section, recorded in the sidecar by the
 //!   build and checked at [`VerifyLevel::Checksums`] (the level `up` uses before launch).
 //! - `verify`: [`verify_rank_cache`] checks an existing file's index and, at
@@ -27,10 +30,12 @@ pub mod checksum;
 mod copy;
 mod plan;
 pub mod stamp;
+mod stream;
 mod verify;
 
 pub use build::{build_rank_cache, read_sidecar, sidecar_path};
-pub use plan::{PlannedEntry, RankCachePlan, SourceRange, plan_rank_cache};
+pub use plan::{PlannedEntry, RankCachePlan, SourceRange, plan_rank_cache, plan_rank_cache_from};
+pub use stream::{NextShard, StreamedRank, build_rank_caches_streaming};
 pub use verify::{VerifyLevel, verify_rank_cache};
 
 /// Why a rank file could not be planned, built or verified.

@@ -141,16 +141,32 @@ pub fn plan_rank_cache(
     world: usize,
     opts: &RankCacheOptions,
 ) -> Result<RankCachePlan, RankCacheError> {
+    let mut checkpoint = Checkpoint::open_dir(model_dir)?;
+    if let Some(ov) = &opts.overlay {
+        checkpoint = checkpoint.with_overlay(ov)?;
+    }
+    plan_rank_cache_from(model_dir, checkpoint, rank, world, opts)
+}
+
+/// As [`plan_rank_cache`], over a checkpoint opened elsewhere (from shard headers read by byte
+/// range before the shards arrive, for a build that writes each shard's entries as it lands);
+/// `model_dir` holds `config.json`. `opts.overlay` is not applied here: apply it to `checkpoint`.
+///
+/// # Errors
+/// As [`plan_rank_cache`].
+pub fn plan_rank_cache_from(
+    model_dir: &Path,
+    checkpoint: Checkpoint,
+    rank: usize,
+    world: usize,
+    opts: &RankCacheOptions,
+) -> Result<RankCachePlan, RankCacheError> {
     let config = ModelConfig::read(model_dir)?;
     config.check_model_kind(&model_dir.join("config.json"))?;
     if opts.engine_shape_guard {
         config.check_engine_shapes(&model_dir.join("config.json"))?;
     }
     let wants = split_plan::plan(&config, rank, world, opts.dspark)?;
-    let mut checkpoint = Checkpoint::open_dir(model_dir)?;
-    if let Some(ov) = &opts.overlay {
-        checkpoint = checkpoint.with_overlay(ov)?;
-    }
     let mut entries = Vec::with_capacity(wants.len());
     let mut at = 0u64;
     for w in wants {
