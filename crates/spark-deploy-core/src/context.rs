@@ -124,7 +124,25 @@ pub struct Context {
     launch_started: Mutex<Option<std::time::Instant>>,
     prepare: Mutex<crate::config::PreparePolicy>,
     dry_run: std::sync::atomic::AtomicBool,
+    overlap: Mutex<Option<Stages>>,
 }
+
+/// Where the preparation steps stand when they run overlapped (see [`Context::overlapped`]): each
+/// flag turns true once, when that stage has finished successfully.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stages {
+    /// FetchCheckpoint has every file (and the commits are known).
+    pub fetched: bool,
+    /// BuildRankCache has every rank file under its final name on the head.
+    pub rank_files: bool,
+    /// BuildRankCache is done (token map, kit, tables too).
+    pub built: bool,
+    /// One of the overlapped steps failed: the others stop.
+    pub failed: bool,
+}
+
+/// How often a step waiting on another overlapped step looks again.
+const STAGE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl Context {
     /// A context for `config`, sending events (secrets redacted) to `sink`.
@@ -161,6 +179,67 @@ impl Context {
             launch_started: Mutex::new(None),
             prepare,
             dry_run: std::sync::atomic::AtomicBool::new(false),
+            overlap: Mutex::new(None),
+        }
+    }
+
+    /// Whether FetchCheckpoint, BuildRankCache and ConfigureWorkerStorage run at the same time
+    /// (`lifecycle.overlap`): each then uses a file the moment it is final, and
+    /// [`Context::stages`] says what the others have finished.
+    #[must_use]
+    pub fn overlapped(&self) -> bool {
+        self.overlap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Starts (or ends) the overlapped mode; starting resets the stages.
+    pub(crate) fn set_overlapped(&self, on: bool) {
+        *self
+            .overlap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = on.then(Stages::default);
+    }
+
+    /// What the overlapped steps have finished (all true when not overlapped: every earlier step
+    /// has).
+    #[must_use]
+    pub fn stages(&self) -> Stages {
+        self.overlap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or(Stages {
+                fetched: true,
+                rank_files: true,
+                built: true,
+                failed: false,
+            })
+    }
+
+    /// Records a finished stage (nothing when not overlapped).
+    pub fn mark_stage(&self, f: impl FnOnce(&mut Stages)) {
+        if let Some(s) = self
+            .overlap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_mut()
+        {
+            f(s);
+        }
+    }
+
+    /// Waits until `ready` holds (looked at every 50 ms); `false` when the run is cancelled, or
+    /// an overlapped step fails, first.
+    pub async fn wait_until(&self, ready: impl Fn(&Self) -> bool) -> bool {
+        loop {
+            if ready(self) {
+                return true;
+            }
+            if self.is_cancelled() || self.stages().failed {
+                return false;
+            }
+            tokio::time::sleep(STAGE_POLL).await;
         }
     }
 

@@ -415,6 +415,10 @@ pub struct LifecycleSection {
     /// Generations kept besides the serving one after an accepted upgrade (rollback targets);
     /// older ones lose their inputs and image tags.
     pub keep_generations: u32,
+    /// Run FetchCheckpoint, BuildRankCache and ConfigureWorkerStorage at the same time: rank
+    /// files are written as shards land and travel to the workers as soon as they are final.
+    /// `false` runs them one after the other.
+    pub overlap: bool,
 }
 
 impl Default for LifecycleSection {
@@ -426,6 +430,7 @@ impl Default for LifecycleSection {
             ready_timeout_s: 1800,
             stop_timeout_s: 30,
             keep_generations: 1,
+            overlap: true,
         }
     }
 }

@@ -435,33 +435,32 @@ impl Hub {
         let tally_ref = &tally;
         let mut order: Vec<&Job> = jobs.values().collect();
         order.sort_by(|a, b| a.size.cmp(&b.size).then_with(|| a.paths.cmp(&b.paths)));
-        let outcomes: Vec<Result<(String, FileOutcome, Vec<PathBuf>), FetchError>> =
-            futures::stream::iter(
-                order
-                    .into_iter()
-                    .map(|job| async move {
-                        let o = self.fetch_blob(r, job, tally_ref).await?;
-                        let mut locals = Vec::with_capacity(job.paths.len());
-                        for path in &job.paths {
-                            locals.push(
-                                self.cache
-                                    .link_snapshot(&r.repo, &r.commit, path, &job.etag)?,
-                            );
-                            progress.on_event(&FetchEvent::FileDone {
-                                file: path.clone(),
-                                outcome: o,
-                            });
-                        }
-                        Ok((job.etag.clone(), o, locals))
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .buffer_unordered(self.cfg.max_streams.max(1))
-            .collect()
-            .await;
+        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = futures::stream::iter(
+            order
+                .into_iter()
+                .map(|job| async move {
+                    let o = self.fetch_blob(r, job, tally_ref).await?;
+                    let mut locals = Vec::with_capacity(job.paths.len());
+                    for path in &job.paths {
+                        locals.push(
+                            self.cache
+                                .link_snapshot(&r.repo, &r.commit, path, &job.etag)?,
+                        );
+                        progress.on_event(&FetchEvent::FileDone {
+                            file: path.clone(),
+                            outcome: o,
+                        });
+                    }
+                    Ok((job.etag.clone(), o))
+                })
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(self.cfg.max_streams.max(1))
+        .collect()
+        .await;
         let mut outcome_of = BTreeMap::new();
         for o in outcomes {
-            let (etag, outcome, _) = o?;
+            let (etag, outcome) = o?;
             outcome_of.insert(etag, outcome);
         }
 

@@ -220,6 +220,20 @@ impl Hub {
         r: &ResolvedRepo,
         file: &str,
     ) -> Result<RemoteSafetensors, RemoteError> {
+        let (n, header) = self.read_header(r, file).await?;
+        Ok(remote_safetensors(file, n, header))
+    }
+
+    /// The parsed header of a remote `.safetensors` file and its length `N` (the data section
+    /// starts at `8 + N`), read with range requests only.
+    ///
+    /// # Errors
+    /// As [`Hub::read_safetensors_header`].
+    pub async fn read_header(
+        &self,
+        r: &ResolvedRepo,
+        file: &str,
+    ) -> Result<(u64, safetensors_header::Header), RemoteError> {
         let bad = |reason: String| RemoteError::Header {
             repo: r.repo.clone(),
             commit: r.commit.clone(),
@@ -243,27 +257,7 @@ impl Hub {
             return Err(bad(format!("header has {} bytes, expected {n}", hdr.len())));
         }
         let header = safetensors_header::parse(&hdr).map_err(|e| bad(e.to_string()))?;
-        let data_start = header.data_start();
-        Ok(RemoteSafetensors {
-            file: file.to_owned(),
-            header_len: n,
-            metadata: header.metadata,
-            tensors: header
-                .tensors
-                .into_iter()
-                .map(|t| {
-                    let (begin, end) = t.data_offsets;
-                    (
-                        t.name,
-                        TensorEntry {
-                            dtype: t.dtype,
-                            shape: t.shape,
-                            file_range: (data_start + begin, data_start + end),
-                        },
-                    )
-                })
-                .collect(),
-        })
+        Ok((n, header))
     }
 
     /// Fetch only the named tensors of a remote `.safetensors` file (header + their byte ranges;
@@ -336,5 +330,30 @@ impl Hub {
         let order: BTreeMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
         out.sort_by_key(|t| order.get(t.name.as_str()).copied().unwrap_or(usize::MAX));
         Ok(out)
+    }
+}
+
+/// A parsed header as [`RemoteSafetensors`] (absolute byte ranges).
+fn remote_safetensors(file: &str, n: u64, header: safetensors_header::Header) -> RemoteSafetensors {
+    let data_start = header.data_start();
+    RemoteSafetensors {
+        file: file.to_owned(),
+        header_len: n,
+        metadata: header.metadata,
+        tensors: header
+            .tensors
+            .into_iter()
+            .map(|t| {
+                let (begin, end) = t.data_offsets;
+                (
+                    t.name,
+                    TensorEntry {
+                        dtype: t.dtype,
+                        shape: t.shape,
+                        file_range: (data_start + begin, data_start + end),
+                    },
+                )
+            })
+            .collect(),
     }
 }

@@ -21,6 +21,7 @@ pub use generation::generation_tag;
 
 mod dry_run;
 mod generation;
+mod overlap;
 
 use crate::engine::Engine;
 use crate::event::Event;
@@ -135,6 +136,46 @@ async fn run_step(step: &Step, ctx: &Context, engine: &dyn Engine) -> Result<Out
     }
 }
 
+/// Emits a step's `Finished` or `Skipped` event and returns its report line; a failure is
+/// returned for the caller to report.
+fn settle(
+    ctx: &Context,
+    kind: StepKind,
+    result: Result<Outcome, StepFailure>,
+    t: Instant,
+) -> Result<StepReport, StepFailure> {
+    match result? {
+        Outcome::Done { bytes } => {
+            let duration_ms = millis(t);
+            ctx.emit(Event::Finished {
+                source: kind.into(),
+                duration_ms,
+                bytes,
+            });
+            Ok(StepReport {
+                step: kind,
+                status: StepStatus::Ran,
+                detail: None,
+                duration_ms,
+                bytes,
+            })
+        }
+        Outcome::Skipped { reason } => {
+            ctx.emit(Event::Skipped {
+                source: kind.into(),
+                reason: reason.clone(),
+            });
+            Ok(StepReport {
+                step: kind,
+                status: StepStatus::Skipped,
+                detail: Some(reason),
+                duration_ms: millis(t),
+                bytes: None,
+            })
+        }
+    }
+}
+
 impl Plan {
     /// Runs every step in order.
     ///
@@ -156,75 +197,69 @@ impl Plan {
                 ),
             }
         })?;
-        for (index, step) in self.steps().iter().enumerate() {
-            let kind = step.kind();
-            let t = Instant::now();
-            ctx.emit(Event::Started {
-                source: kind.into(),
-                message: step.describe().summary,
-            });
-            match run_step(step, ctx, self.engine().as_ref()).await {
-                Ok(Outcome::Done { bytes }) => {
-                    let duration_ms = millis(t);
-                    ctx.emit(Event::Finished {
-                        source: kind.into(),
-                        duration_ms,
-                        bytes,
-                    });
-                    report.steps.push(StepReport {
-                        step: kind,
-                        status: StepStatus::Ran,
-                        detail: None,
-                        duration_ms,
-                        bytes,
-                    });
-                }
-                Ok(Outcome::Skipped { reason }) => {
-                    ctx.emit(Event::Skipped {
-                        source: kind.into(),
-                        reason: reason.clone(),
-                    });
-                    report.steps.push(StepReport {
-                        step: kind,
-                        status: StepStatus::Skipped,
-                        detail: Some(reason),
-                        duration_ms: millis(t),
-                        bytes: None,
-                    });
-                }
-                Err(mut failure) => {
-                    // A plan that would stop the running ranks later (restart) failed before
-                    // doing so: say that the pair still serves.
-                    if self.steps()[index + 1..]
-                        .iter()
-                        .any(|s| s.kind() == StepKind::Stop)
-                    {
-                        let kept = "nothing was stopped: the ranks that were running keep serving";
-                        failure.remedy = Some(match failure.remedy.take() {
-                            Some(r) => format!("{r}; {kept}"),
-                            None => kept.to_owned(),
-                        });
+        let steps = self.steps();
+        let engine = self.engine().as_ref();
+        let mut index = 0;
+        while index < steps.len() {
+            // FetchCheckpoint, BuildRankCache and ConfigureWorkerStorage run overlapped when the
+            // plan has them in a row (see `overlap`); every other step alone, in order.
+            let width = overlap::group_width(steps, index, ctx);
+            let outcomes = if width > 1 {
+                overlap::run_group(&steps[index..index + width], index, ctx, engine).await
+            } else {
+                let step = &steps[index];
+                let t = Instant::now();
+                ctx.emit(Event::Started {
+                    source: step.kind().into(),
+                    message: step.describe().summary,
+                });
+                let r = run_step(step, ctx, engine).await;
+                vec![(index, settle(ctx, step.kind(), r, t), t)]
+            };
+            index += width;
+            let mut failed = None;
+            for (at, settled, t) in outcomes {
+                match settled {
+                    Ok(line) => report.steps.push(line),
+                    Err(failure) => {
+                        failed = failed.or(Some((at, failure, t)));
                     }
-                    ctx.emit(Event::Failed {
-                        source: kind.into(),
-                        error: failure.chain(),
-                        remedy: failure.remedy.clone(),
-                    });
-                    report.steps.push(StepReport {
-                        step: kind,
-                        status: StepStatus::Failed,
-                        detail: Some(failure.chain()),
-                        duration_ms: millis(t),
-                        bytes: None,
-                    });
-                    if matches!(kind, StepKind::LaunchRank | StepKind::Smoke) {
-                        crate::steps::stop_deployment(ctx).await;
-                    } else {
-                        crate::steps::stop_started_ranks(ctx).await;
-                    }
-                    return Err(RunError { report, failure });
                 }
             }
+            let Some((index, mut failure, t)) = failed else {
+                continue;
+            };
+            let kind = steps[index].kind();
+            // A plan that would stop the running ranks later (restart) failed before doing so:
+            // say that the pair still serves.
+            if steps[index + 1..]
+                .iter()
+                .any(|s| s.kind() == StepKind::Stop)
+            {
+                let kept = "nothing was stopped: the ranks that were running keep serving";
+                failure.remedy = Some(match failure.remedy.take() {
+                    Some(r) => format!("{r}; {kept}"),
+                    None => kept.to_owned(),
+                });
+            }
+            ctx.emit(Event::Failed {
+                source: kind.into(),
+                error: failure.chain(),
+                remedy: failure.remedy.clone(),
+            });
+            report.steps.push(StepReport {
+                step: kind,
+                status: StepStatus::Failed,
+                detail: Some(failure.chain()),
+                duration_ms: millis(t),
+                bytes: None,
+            });
+            if matches!(kind, StepKind::LaunchRank | StepKind::Smoke) {
+                crate::steps::stop_deployment(ctx).await;
+            } else {
+                crate::steps::stop_started_ranks(ctx).await;
+            }
+            return Err(RunError { report, failure });
         }
         if report
             .steps

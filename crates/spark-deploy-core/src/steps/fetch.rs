@@ -207,6 +207,17 @@ impl FetchProgress for ProgressEvents<'_> {
                     }),
                 });
             }
+            // The commit is known before any byte arrives: steps running alongside (the
+            // overlapped `up`) use it to find each file the moment its snapshot link appears.
+            FetchEvent::Started { repo, commit, .. } => {
+                let is_model = *repo == self.ctx.config().config().model.id;
+                self.ctx.update_facts(|f| {
+                    if is_model {
+                        f.model_commit = Detected::Known(commit.clone());
+                    }
+                    f.commits.insert(repo.clone(), commit.clone());
+                });
+            }
             FetchEvent::Retrying { .. } => self.ctx.log(
                 StepKind::FetchCheckpoint,
                 Some(&self.node),
@@ -405,6 +416,7 @@ impl FetchCheckpoint {
             transferred += b;
             summaries.push(format!("bias_vl: {b} bytes by range"));
         }
+        ctx.mark_stage(|s| s.fetched = true);
         if transferred == 0 {
             return Ok(Outcome::Skipped {
                 reason: format!("nothing to download: {}", summaries.join("; ")),

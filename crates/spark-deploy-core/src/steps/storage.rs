@@ -443,6 +443,19 @@ impl ConfigureWorkerStorage {
             StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
                 .at(Some(w.node.clone()), Some(w.rank))
         };
+        // Overlapped `up`: the rank files travel as soon as they are final on the head, while the
+        // fetch may still be bringing the Engram tables; everything else once the build is done.
+        let mut early_bytes = 0;
+        if ctx.overlapped() {
+            early_bytes = self.ship_rank_files_early(ctx, engine).await?;
+            if !ctx.wait_until(|c| c.stages().built).await {
+                return Err(StepFailure::new(
+                    StepKind::ConfigureWorkerStorage,
+                    "cancelled",
+                    None,
+                ));
+            }
+        }
         // Every worker's own preparation, side by side; the first failure (in rank order) fails
         // the step after all have ended.
         let prepared = futures::future::join_all(
@@ -489,12 +502,60 @@ impl ConfigureWorkerStorage {
         if let Some(f) = first_failure {
             return Err(f);
         }
+        let bytes = bytes + early_bytes;
         if bytes == 0 {
             return Ok(Outcome::Skipped {
                 reason: summary.join("; "),
             });
         }
         Ok(Outcome::Done { bytes: Some(bytes) })
+    }
+
+    /// The overlapped part: waits until every rank file is final on the head, then ships each
+    /// worker its own. The bytes sent.
+    async fn ship_rank_files_early(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<u64, StepFailure> {
+        if !ctx.wait_until(|c| c.stages().rank_files).await {
+            return Err(StepFailure::new(
+                StepKind::ConfigureWorkerStorage,
+                "cancelled",
+                None,
+            ));
+        }
+        let rank_dir = PathBuf::from(
+            &NodeLayout::of(ctx.config(), &ctx.config().config().nodes[0]).inputs_dir,
+        )
+        .join("rank-cache");
+        let mut work = Vec::with_capacity(self.workers.len());
+        for w in &self.workers {
+            let jobs = engine.worker_jobs(ctx, w.rank).await.map_err(|e| {
+                StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+                    .at(Some(w.node.clone()), Some(w.rank))
+            })?;
+            let rank_files: Vec<FileJob> = jobs
+                .into_iter()
+                .filter(|j| j.from.starts_with(&rank_dir))
+                .collect();
+            work.push((w.rank, rank_files));
+        }
+        let shipped = ship_all(ctx, StepKind::ConfigureWorkerStorage, &work)
+            .await
+            .map_err(|e| {
+                StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+            })?;
+        let mut bytes = 0;
+        for (w, r) in self.workers.iter().zip(shipped) {
+            bytes += r
+                .map_err(|e| {
+                    StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+                        .at(Some(w.node.clone()), Some(w.rank))
+                })?
+                .bytes_sent;
+        }
+        Ok(bytes)
     }
 
     /// One worker's preparation before the copy: its NFS volume (`nfs`) or the check of its own

@@ -16,6 +16,7 @@ use crate::event::{Event, Level};
 use crate::layout::NodeLayout;
 use crate::layout::snapshot_dir;
 
+mod overlap;
 pub(crate) mod source;
 
 use source::InputsSource;
@@ -165,6 +166,46 @@ fn link_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> std::io::R
     Ok(n)
 }
 
+/// The options every rank file of a deployment is planned and built with.
+fn rank_cache_options(
+    shape_guard: bool,
+    label: &str,
+    overlay: Option<PathBuf>,
+) -> RankCacheOptions {
+    RankCacheOptions {
+        engine_shape_guard: shape_guard,
+        existing: ExistingRankFile::MoveAside,
+        source_label: Some(label.to_owned()),
+        overlay,
+        ..RankCacheOptions::default()
+    }
+}
+
+impl RankInputs {
+    /// The overlapped part of the build (see `overlap`): once the checkpoint's commit is known,
+    /// every rank file is written shard by shard as the shards land.
+    async fn stream_while_fetching(
+        &self,
+        ctx: &Context,
+    ) -> Result<Vec<super::inputs::rank_cache::StreamedRank>, StepFailure> {
+        if !ctx
+            .wait_until(|c| c.facts().model_commit.known().is_some())
+            .await
+        {
+            return Err(StepFailure::new(
+                StepKind::BuildRankCache,
+                "cancelled",
+                None,
+            ));
+        }
+        let c = ctx.config().config();
+        let label = InputsSource::of(ctx.config(), &ctx.facts()).label();
+        let opts = rank_cache_options(c.engine.shape_guard, &label, None);
+        let out = PathBuf::from(&self.inputs_dir).join("rank-cache");
+        overlap::stream_rank_files(ctx, &self.node, &out, &opts, &label).await
+    }
+}
+
 impl RankInputs {
     /// Builds (or verifies and skips) every rank's file, the token map, the kit and the Engram
     /// directory on the head.
@@ -173,6 +214,25 @@ impl RankInputs {
             StepFailure::new(StepKind::BuildRankCache, e, Some(remedy.to_owned()))
         };
         let c = ctx.config().config();
+        let world = self.ranks.len();
+        // Overlapped `up`: the rank files are written while the checkpoint arrives; the rest
+        // below needs every repository, so it waits for the fetch.
+        let streamed = if ctx.overlapped() {
+            let streamed = self.stream_while_fetching(ctx).await?;
+            if streamed.len() == world {
+                ctx.mark_stage(|s| s.rank_files = true);
+            }
+            if !ctx.wait_until(|c| c.stages().fetched).await {
+                return Err(StepFailure::new(
+                    StepKind::BuildRankCache,
+                    "cancelled",
+                    None,
+                ));
+            }
+            streamed
+        } else {
+            Vec::new()
+        };
         let facts = ctx.facts();
         let Some(model_commit) = facts.model_commit.known() else {
             return Err(fail(
@@ -201,7 +261,6 @@ impl RankInputs {
         .join("kit");
         let layout = crate::layout::NodeLayout::of(ctx.config(), &c.nodes[0]);
         let fetched_bias = std::path::PathBuf::from(&layout.bias_vl_file);
-        let world = self.ranks.len();
         let shape_guard = c.engine.shape_guard;
         let never = ctx.prepare_policy() == PreparePolicy::Never;
         // Before every launch the data bytes are checked too: against the CRC-32 of each block
@@ -252,13 +311,7 @@ impl RankInputs {
             move || -> Result<(u64, Vec<String>), (BoxError, &'static str)> {
                 let mut built = 0u64;
                 let mut notes = Vec::new();
-                let opts = RankCacheOptions {
-                    engine_shape_guard: shape_guard,
-                    existing: ExistingRankFile::MoveAside,
-                    source_label: Some(label.clone()),
-                    overlay,
-                    ..RankCacheOptions::default()
-                };
+                let opts = rank_cache_options(shape_guard, &label, overlay);
                 let out = inputs.join("rank-cache");
                 for rank in 0..world {
                     let plan = plan_rank_cache(&model_dir, rank, world, &opts).map_err(|e| {
@@ -267,6 +320,22 @@ impl RankInputs {
                             "the checkpoint does not match the split plan",
                         )
                     })?;
+                    if let Some(s) = streamed.iter().find(|s| s.rank == rank) {
+                        built += plan.file_len();
+                        notes.push(format!(
+                            "rank {rank}: built {} while the checkpoint arrived{}",
+                            s.path.display(),
+                            if s.resumed_shards > 0 {
+                                format!(
+                                    " ({} shards were already written by an interrupted run)",
+                                    s.resumed_shards
+                                )
+                            } else {
+                                String::new()
+                            }
+                        ));
+                        continue;
+                    }
                     let mut quiet = |_: &_| Ok(());
                     // The index cannot tell a genuine file from an overlaid one (same shapes, same
                     // name): a verified file is kept only when its sidecar names this source.
@@ -426,6 +495,10 @@ impl RankInputs {
             .await
             .map_err(|e| fail(Box::new(e), "internal error"))?
             .map_err(|(e, r)| fail(e, r))?;
+        ctx.mark_stage(|s| {
+            s.rank_files = true;
+            s.built = true;
+        });
         for n in &notes {
             ctx.log(
                 StepKind::BuildRankCache,

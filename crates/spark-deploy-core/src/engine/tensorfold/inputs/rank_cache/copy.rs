@@ -259,7 +259,7 @@ mod tests {
         let p = d.path().join("src");
         let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
         std::fs::write(&p, &data).unwrap();
-        let files = vec![File::open(&p).unwrap()];
+        let files = [File::open(&p).unwrap()];
         // (run, stride): dense runs (one covering read) and sparse runs (a read a run)
         for (run, stride) in [(8u64, 12u64), (8, 64), (5, 40)] {
             let count = 4000 / stride;
@@ -303,7 +303,7 @@ mod tests {
         let halves: Vec<u16> = vec![0x3c00, 0xc000, 0x0001, 0x7bff, 0x8400, 0x3555];
         let data: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
         std::fs::write(&p, &data).unwrap();
-        let files = vec![File::open(&p).unwrap()];
+        let files = [File::open(&p).unwrap()];
         let e = entry(
             SourceRange::WidenF16 {
                 shard: 0,

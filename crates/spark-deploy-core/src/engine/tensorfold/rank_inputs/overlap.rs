@@ -1,0 +1,182 @@
+//! BuildRankCache while FetchCheckpoint still downloads (the overlapped `up`): the shard headers
+//! are read ahead by byte range, every rank file is planned from them, and each shard's entries
+//! are written the moment its snapshot link appears (a link only ever points to a verified
+//! blob). What this leaves to the rest of the step (the token map, the kit, the Engram links, and
+//! any rank an overlay or an existing file decides) runs once the fetch has finished.
+
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt as _;
+
+use crate::config::PreparePolicy;
+use crate::context::{Context, StepFailure};
+use crate::engine::tensorfold::inputs::rank_cache::{
+    Cancelled, RankCachePlan, RankCacheProgress, StreamedRank, VerifyLevel,
+    build_rank_caches_streaming, plan_rank_cache_from, verify_rank_cache,
+};
+use crate::engine::tensorfold::inputs::safetensors_index::{
+    Checkpoint, read_index_json, shard_header,
+};
+use crate::event::{Event, StepKind};
+use crate::hub::{HfToken, Hub, HubConfig};
+use crate::layout::{hub_dir, snapshot_dir};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How often the build looks for the next shard's link.
+const SHARD_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Header reads in flight at once.
+const HEADER_READS: usize = 4;
+
+fn cancelled() -> StepFailure {
+    StepFailure::new(StepKind::BuildRankCache, "cancelled", None)
+}
+
+/// The checkpoint as its shards will be, from headers read by byte range; `None` when every
+/// shard is already on the head (nothing to overlap).
+async fn checkpoint_ahead(
+    ctx: &Context,
+    model_dir: &Path,
+    commit: &str,
+) -> Result<Option<Checkpoint>, BoxError> {
+    let c = ctx.config().config();
+    let endpoint = (!c.hub.endpoint.is_empty()).then(|| c.hub.endpoint.clone());
+    let mut cfg = HubConfig::new(endpoint, hub_dir(&c.hub.cache));
+    cfg.token = HfToken::configured(&c.hub).0;
+    let hub = Hub::new(cfg)?;
+    let resolved = hub.resolve(&c.model.id, commit).await?;
+    let shards: Vec<_> = hub
+        .list_files(&resolved)
+        .await?
+        .into_iter()
+        .filter(|f| f.path.ends_with(".safetensors") && !f.path.contains('/'))
+        .collect();
+    if shards.iter().all(|f| model_dir.join(&f.path).exists()) {
+        return Ok(None);
+    }
+    let (hub, resolved) = (&hub, &resolved);
+    let headers = futures::stream::iter(shards.into_iter().map(|f| async move {
+        let (_, header) = hub.read_header(resolved, &f.path).await?;
+        Ok::<_, BoxError>(shard_header(&model_dir.join(&f.path), header, f.size)?)
+    }))
+    .buffered(HEADER_READS)
+    .collect::<Vec<_>>()
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
+    let index = model_dir.join("model.safetensors.index.json");
+    let index = if index.exists() {
+        Some(read_index_json(&index)?)
+    } else {
+        None
+    };
+    Ok(Some(Checkpoint::from_headers(
+        model_dir,
+        headers,
+        index.as_ref(),
+    )?))
+}
+
+/// Builds the rank files as the checkpoint arrives. Returns the ranks it built (the rest of the
+/// step leaves them be); nothing when there is nothing to overlap: an ABLIT overlay (its shards
+/// come after the checkpoint's), `PREPARE=0`, every shard already here, or rank files that
+/// verify.
+///
+/// # Errors
+/// The headers cannot be read or planned, a shard's header differs from the one read ahead,
+/// a write fails, or the run is cancelled (the partial files and their journals stay, and the
+/// next run resumes them).
+pub(crate) async fn stream_rank_files(
+    ctx: &Context,
+    node: &str,
+    out: &Path,
+    opts: &crate::engine::tensorfold::inputs::rank_cache::RankCacheOptions,
+    label: &str,
+) -> Result<Vec<StreamedRank>, StepFailure> {
+    let c = ctx.config().config();
+    if !ctx
+        .wait_until(|c| c.facts().model_commit.known().is_some())
+        .await
+    {
+        return Err(cancelled());
+    }
+    if c.model.ablit || ctx.prepare_policy() == PreparePolicy::Never {
+        return Ok(Vec::new());
+    }
+    let commit = ctx.facts().model_commit.to_string();
+    let model_dir = snapshot_dir(&c.hub.cache, &c.model.id, &commit);
+    // config.json is among the first files to land (the fetch takes the smallest first).
+    if !ctx
+        .wait_until(|c| model_dir.join("config.json").exists() || c.stages().fetched)
+        .await
+    {
+        return Err(cancelled());
+    }
+    let fail = |e: BoxError| {
+        StepFailure::new(
+            StepKind::BuildRankCache,
+            e,
+            Some("check the Hub endpoint and the checkpoint; `spark-deploy up` again resumes what was written".into()),
+        )
+        .at(Some(node.to_owned()), None)
+    };
+    let Some(checkpoint) = checkpoint_ahead(ctx, &model_dir, &commit)
+        .await
+        .map_err(fail)?
+    else {
+        return Ok(Vec::new());
+    };
+    let world = c.nodes.len();
+    let mut plans: Vec<RankCachePlan> = Vec::new();
+    for rank in 0..world {
+        let plan = plan_rank_cache_from(&model_dir, checkpoint.clone(), rank, world, opts)
+            .map_err(|e| fail(Box::new(e)))?;
+        let mut quiet = |_: &RankCacheProgress| Ok(());
+        let current = verify_rank_cache(&plan, out, VerifyLevel::Stamped, opts, &mut quiet)
+            .ok()
+            .and_then(|f| super::source::recorded(&f))
+            .is_some_and(|s| s == label);
+        if !current {
+            plans.push(plan);
+        }
+    }
+    if plans.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let cancel = ctx.cancel_signal();
+    let (out, opts, node_name) = (out.to_path_buf(), opts.clone(), node.to_owned());
+    let paths: Vec<PathBuf> = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
+    let work = tokio::task::spawn_blocking(move || {
+        let mut next = |pending: &[usize]| loop {
+            if let Some(&s) = pending.iter().find(|&&s| paths[s].exists()) {
+                return Ok(s);
+            }
+            if *cancel.borrow() {
+                return Err(Cancelled);
+            }
+            std::thread::sleep(SHARD_POLL);
+        };
+        let mut progress = |p: &RankCacheProgress| {
+            let _ = tx.send(Event::Progress {
+                source: StepKind::BuildRankCache.into(),
+                node: Some(node_name.clone()),
+                label: format!("rank{}of{world}", p.rank),
+                bytes_done: p.bytes_done,
+                bytes_total: Some(p.bytes_total),
+                rate_bps: None,
+                eta_s: None,
+                file: None,
+            });
+            Ok(())
+        };
+        build_rank_caches_streaming(&plans, &out, &opts, &mut next, &mut progress)
+    });
+    while let Some(ev) = rx.recv().await {
+        ctx.emit(ev);
+    }
+    work.await
+        .map_err(|e| fail(Box::new(e)))?
+        .map_err(|e| fail(Box::new(e)))
+}

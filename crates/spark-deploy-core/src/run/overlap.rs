@@ -1,0 +1,106 @@
+//! FetchCheckpoint, BuildRankCache and ConfigureWorkerStorage at the same time
+//! (`lifecycle.overlap`): the fetch links each file the moment it verifies, the build writes each
+//! shard's entries as the shard lands, and the copy sends each rank file as soon as it is final.
+//! The steps coordinate through [`Context::stages`]; each emits its own `Started` at once and its
+//! `Finished` (or `Skipped`) when it ends, so the events draw the overlap.
+//!
+//! All or nothing still holds: the first step to fail marks the stages failed, the others stop
+//! at their next wait (a transfer gets a moment to put what arrived on disk, so the next run
+//! resumes it), and the run reports that first failure.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{CANCEL_GRACE, run_step, settle};
+use crate::config::PreparePolicy;
+use crate::context::{Context, StepFailure};
+use crate::engine::Engine;
+use crate::event::{Event, StepKind};
+use crate::plan::Step;
+
+/// One step's outcome: its index in the plan, its report line or failure, its start.
+pub(super) type Settled = (usize, Result<super::StepReport, StepFailure>, Instant);
+
+const GROUP: [StepKind; 3] = [
+    StepKind::FetchCheckpoint,
+    StepKind::BuildRankCache,
+    StepKind::ConfigureWorkerStorage,
+];
+
+/// How many steps from `index` run together: 3 for the preparation steps in a row (a fetch that
+/// downloads, `lifecycle.overlap` on, a policy that prepares), else 1.
+pub(super) fn group_width(steps: &[Step], index: usize, ctx: &Context) -> usize {
+    let in_a_row = steps
+        .get(index..index + GROUP.len())
+        .is_some_and(|s| s.iter().map(Step::kind).eq(GROUP));
+    let downloads = matches!(&steps[index], Step::FetchCheckpoint(f) if !f.verify_only);
+    let on = ctx.config().config().lifecycle.overlap
+        && ctx.prepare_policy() != PreparePolicy::Never
+        && !ctx.is_dry_run();
+    if in_a_row && downloads && on {
+        GROUP.len()
+    } else {
+        1
+    }
+}
+
+/// Resolves once an overlapped step has failed.
+async fn another_failed(ctx: &Context) {
+    while !ctx.stages().failed {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs `steps` (the group, starting at plan index `first`) at the same time. The outcomes in
+/// plan order, except that the first failure in time comes first.
+pub(super) async fn run_group(
+    steps: &[Step],
+    first: usize,
+    ctx: &Context,
+    engine: &dyn Engine,
+) -> Vec<Settled> {
+    ctx.set_overlapped(true);
+    let first_failed: Mutex<Option<usize>> = Mutex::new(None);
+    for step in steps {
+        ctx.emit(Event::Started {
+            source: step.kind().into(),
+            message: format!("{} (overlapped)", step.describe().summary),
+        });
+    }
+    let first_failed = &first_failed;
+    let runs = steps.iter().enumerate().map(|(k, step)| async move {
+        let t = Instant::now();
+        let mut work = std::pin::pin!(run_step(step, ctx, engine));
+        let result = tokio::select! {
+            r = &mut work => r,
+            () = another_failed(ctx) => {
+                match tokio::time::timeout(CANCEL_GRACE, &mut work).await {
+                    Ok(r) => r,
+                    Err(_) => Err(StepFailure::new(
+                        step.kind(),
+                        "stopped: an overlapped step failed",
+                        None,
+                    )),
+                }
+            }
+        };
+        if result.is_err() {
+            first_failed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get_or_insert(k);
+            ctx.mark_stage(|s| s.failed = true);
+        }
+        (first + k, settle(ctx, step.kind(), result, t), t)
+    });
+    let mut out = futures::future::join_all(runs).await;
+    ctx.set_overlapped(false);
+    if let Some(k) = *first_failed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        let real = out.remove(k);
+        out.insert(0, real);
+    }
+    out
+}
