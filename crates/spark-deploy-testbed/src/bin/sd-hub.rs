@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! sd-hub serve <ROOT> [--addr 127.0.0.1:0] [--gated owner/name]... [--private owner/name]... [--lfs-redirect]
-//!                     [--rate-limit BYTES_PER_SEC]
+//!                     [--rate-limit BYTES_PER_SEC] [--link-rate BYTES_PER_SEC]
 //! ```
 //! The token unlocking gated and private repositories is read from the environment variable `SD_HUB_TOKEN`
 //! (never from argv). Once listening, one line `endpoint=<url>` is printed, followed by one line
@@ -65,6 +65,9 @@ enum Cmd {
         /// Pace every file transfer at this many bytes per second.
         #[arg(long)]
         rate_limit: Option<NonZeroU64>,
+        /// Pace all transfers together at this many bytes per second (one shared link).
+        #[arg(long)]
+        link_rate: Option<NonZeroU64>,
     },
     /// Download a repository into an HF cache with the Hub port (resumable, verified).
     Fetch {
@@ -119,6 +122,7 @@ fn main() -> ExitCode {
             private,
             lfs_redirect,
             rate_limit,
+            link_rate,
         } => serve(
             root,
             addr,
@@ -127,6 +131,7 @@ fn main() -> ExitCode {
             HubOptions {
                 lfs_redirect,
                 rate_limit,
+                link_rate,
                 ..HubOptions::default()
             },
         ),

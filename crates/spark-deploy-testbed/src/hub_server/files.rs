@@ -224,6 +224,7 @@ async fn serve_file(
         Pacing {
             fault,
             rate_limit: state.rate_limit,
+            link: state.link.clone(),
         },
         sent,
         state.active.clone(),
@@ -248,10 +249,46 @@ fn take_fault(state: &HubState, path: &str) -> Fault {
     Fault::None
 }
 
-/// How a body's bytes are handed over: the fault of this transfer and the rate limit.
+/// How a body's bytes are handed over: the fault of this transfer, its rate limit and the link.
 struct Pacing {
     fault: Fault,
     rate_limit: Option<std::num::NonZeroU64>,
+    link: Option<Arc<Link>>,
+}
+
+/// One link shared by every transfer: each chunk reserves its time on it, in turn.
+pub(crate) struct Link {
+    rate: f64,
+    next_free: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Link {
+    pub(crate) fn new(rate: std::num::NonZeroU64) -> Self {
+        Self {
+            rate: rate.get() as f64,
+            next_free: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Bytes per chunk on this link: about 1/32 s of it.
+    fn chunk(&self) -> u64 {
+        (self.rate as u64 / 32).max(1)
+    }
+
+    /// Waits until `n` bytes may go: after every byte reserved before them.
+    async fn pass(&self, n: u64) {
+        let start = {
+            let mut next = self
+                .next_free
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now = tokio::time::Instant::now();
+            let start = next.map_or(now, |t| t.max(now));
+            *next = Some(start + Duration::from_secs_f64(n as f64 / self.rate));
+            start
+        };
+        tokio::time::sleep_until(start).await;
+    }
 }
 
 struct BodyState {
@@ -262,6 +299,7 @@ struct BodyState {
     sent: u64,
     fault: Fault,
     rate_limit: Option<std::num::NonZeroU64>,
+    link: Option<Arc<Link>>,
     started: tokio::time::Instant,
     counter: Arc<AtomicU64>,
     active: Option<ActiveGuard>,
@@ -283,6 +321,7 @@ fn body_stream(
         sent: 0,
         fault: pacing.fault,
         rate_limit: pacing.rate_limit,
+        link: pacing.link,
         started: tokio::time::Instant::now(),
         counter,
         active: Some(ActiveGuard::new(active)),
@@ -325,6 +364,10 @@ fn body_stream(
             want = want.min((rate.get() / 8).max(1));
             let due = Duration::from_secs_f64(st.sent as f64 / rate.get() as f64);
             tokio::time::sleep_until(st.started + due).await;
+        }
+        if let Some(link) = &st.link {
+            want = want.min(link.chunk());
+            link.pass(want).await;
         }
         let mut buf = vec![0u8; usize::try_from(want).unwrap_or(CHUNK)];
         let Some(f) = st.file.as_mut() else {

@@ -11,7 +11,8 @@
 //! repositories answer `X-Error-Code: RepoNotFound` everywhere without their token.
 //!
 //! A fault switch ([`HubServer::set_fault`]) cuts or stalls transfers, a rate limit
-//! ([`HubOptions::rate_limit`]) makes every transfer take its time, and a request log
+//! ([`HubOptions::rate_limit`]) makes every transfer take its time, a link rate
+//! ([`HubOptions::link_rate`]) caps all of them together, and a request log
 //! ([`HubServer::requests`], and `GET /_testbed/requests` for a hub in another process) lets tests
 //! see which ranges were asked for and how many bytes were sent.
 //!
@@ -74,6 +75,9 @@ pub struct HubOptions {
     /// Bytes per second of every file transfer's body (each transfer paced on its own, so `n`
     /// parallel transfers move `n` times as much); `None` = as fast as possible.
     pub rate_limit: Option<NonZeroU64>,
+    /// Bytes per second of all transfers together, as one Internet link shared by every
+    /// connection (each chunk of every body waits its turn on the link); `None` = no link limit.
+    pub link_rate: Option<NonZeroU64>,
 }
 
 impl std::fmt::Debug for HubOptions {
@@ -83,6 +87,7 @@ impl std::fmt::Debug for HubOptions {
             .field("private", &self.private.keys().collect::<Vec<_>>())
             .field("lfs_redirect", &self.lfs_redirect)
             .field("rate_limit", &self.rate_limit)
+            .field("link_rate", &self.link_rate)
             .finish()
     }
 }
@@ -130,6 +135,7 @@ impl HubServer {
             private: opts.private,
             lfs_redirect: opts.lfs_redirect,
             rate_limit: opts.rate_limit,
+            link: opts.link_rate.map(|r| Arc::new(files::Link::new(r))),
             base_url: format!("http://{local}"),
             faults: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),

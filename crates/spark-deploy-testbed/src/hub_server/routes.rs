@@ -30,6 +30,8 @@ pub(crate) struct HubState {
     pub(crate) private: HashMap<String, String>,
     pub(crate) lfs_redirect: bool,
     pub(crate) rate_limit: Option<std::num::NonZeroU64>,
+    /// The shared link every body is paced on, when set.
+    pub(crate) link: Option<Arc<super::files::Link>>,
     pub(crate) base_url: String,
     pub(crate) faults: Mutex<Vec<FaultRule>>,
     pub(crate) log: Mutex<Vec<LiveRecord>>,
