@@ -110,14 +110,28 @@ pub async fn prepare_with_engine(
     let repos = info.state_dir.join("hub-repos");
     let r = repos.clone();
     tokio::task::spawn_blocking(move || hub_tree(&r, 5).and_then(|()| ablit_tree(&r, 5))).await??;
-    let hub = HubServer::start(
-        &repos,
-        "127.0.0.1:0".parse()?,
-        HubOptions {
-            gated: std::collections::HashMap::from([(ABLIT.to_owned(), ABLIT_TOKEN.to_owned())]),
-            ..HubOptions::default()
-        },
-    )?;
+    let options = HubOptions {
+        gated: std::collections::HashMap::from([(ABLIT.to_owned(), ABLIT_TOKEN.to_owned())]),
+        ..HubOptions::default()
+    };
+    prepare_on(info, home, standin, &repos, options).await
+}
+
+/// [`prepare_with_engine`] over the hub repositories already generated below `repos` (see
+/// [`hub_tree_of`]; the `ABLIT` overlay repo is optional), served with `options` (a link rate,
+/// for a benchmark).
+///
+/// # Errors
+///
+/// Hub or engine preparation errors.
+pub async fn prepare_on(
+    info: &TestbedInfo,
+    home: &Path,
+    standin: Option<&Path>,
+    repos: &Path,
+    options: HubOptions,
+) -> Result<(HubServer, DeploymentConfig), BoxError> {
+    let hub = HubServer::start(repos, "127.0.0.1:0".parse()?, options)?;
     let mut config = crate::deployment::deployment_config(info);
     config.hub.endpoint = hub.endpoint();
     config.model.id = MODEL.into();
@@ -129,7 +143,9 @@ pub async fn prepare_with_engine(
     config.model.kit_revision = hub.commit(KIT).ok_or("kit commit")?;
     // ABLIT stays off; `ABLIT=1` (with HF_TOKEN = ABLIT_TOKEN) serves the gated overlay.
     config.model.ablit_id = ABLIT.into();
-    config.model.ablit_revision = hub.commit(ABLIT).ok_or("overlay commit")?;
+    if let Some(commit) = hub.commit(ABLIT) {
+        config.model.ablit_revision = commit;
+    }
     crate::engine::prepare(&mut config, home, standin).await?;
     Ok((hub, config))
 }

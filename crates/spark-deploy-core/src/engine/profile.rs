@@ -277,6 +277,20 @@ pub trait Engine: Send + Sync + Debug {
         rank: usize,
     ) -> Result<Vec<FileJob>, Box<dyn std::error::Error + Send + Sync>>;
 
+    /// In an overlapped `up`, the files worker `rank` can receive as soon as BuildRankCache has
+    /// its rank files final (while the rest is still being fetched or built); nothing by default.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::worker_jobs`].
+    async fn worker_jobs_early(
+        &self,
+        _ctx: &Context,
+        _rank: usize,
+    ) -> Result<Vec<FileJob>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(Vec::new())
+    }
+
     /// The cross-rank fingerprint of `specs` with the inputs each node holds now; an error
     /// names what differs.
     ///

@@ -525,21 +525,16 @@ impl ConfigureWorkerStorage {
                 None,
             ));
         }
-        let rank_dir = PathBuf::from(
-            &NodeLayout::of(ctx.config(), &ctx.config().config().nodes[0]).inputs_dir,
-        )
-        .join("rank-cache");
         let mut work = Vec::with_capacity(self.workers.len());
         for w in &self.workers {
-            let jobs = engine.worker_jobs(ctx, w.rank).await.map_err(|e| {
+            let jobs = engine.worker_jobs_early(ctx, w.rank).await.map_err(|e| {
                 StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
                     .at(Some(w.node.clone()), Some(w.rank))
             })?;
-            let rank_files: Vec<FileJob> = jobs
-                .into_iter()
-                .filter(|j| j.from.starts_with(&rank_dir))
-                .collect();
-            work.push((w.rank, rank_files));
+            work.push((w.rank, jobs));
+        }
+        if work.iter().all(|(_, j)| j.is_empty()) {
+            return Ok(0);
         }
         let shipped = ship_all(ctx, StepKind::ConfigureWorkerStorage, &work)
             .await

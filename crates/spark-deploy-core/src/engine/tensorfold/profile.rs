@@ -184,6 +184,14 @@ impl Engine for TensorfoldDsv41 {
         worker_inputs::jobs(ctx, rank).await
     }
 
+    async fn worker_jobs_early(
+        &self,
+        ctx: &Context,
+        rank: usize,
+    ) -> Result<Vec<FileJob>, Box<dyn std::error::Error + Send + Sync>> {
+        worker_inputs::rank_file_jobs(ctx, rank).await
+    }
+
     async fn fetch_extras(
         &self,
         ctx: &Context,

@@ -71,7 +71,6 @@ pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxErr
     let facts = ctx.facts();
     let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
     let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
-    let world = c.nodes.len();
     let mut jobs = Vec::new();
     if c.deployment.worker_storage == WorkerStorage::Copy {
         let commit = facts.model_commit.to_string();
@@ -100,6 +99,18 @@ pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxErr
         )
         .map_err(|e| Box::new(e) as BoxError)?,
     );
+    jobs.extend(rank_file_jobs(ctx, i).await?);
+    Ok(jobs)
+}
+
+/// Worker `i`'s rank file (after moving superseded ones aside on it): what an overlapped `up`
+/// ships as soon as the rank files are final, before the rest is ready.
+pub(crate) async fn rank_file_jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxError> {
+    let c = ctx.config().config();
+    let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
+    let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+    let world = c.nodes.len();
+    let mut jobs = Vec::new();
     let prefix = format!("rank{i}of{world}-");
     let rank_dir = Path::new(&head.inputs_dir).join("rank-cache");
     let rank_file = fs_err::read_dir(&rank_dir)
