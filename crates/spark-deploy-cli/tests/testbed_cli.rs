@@ -566,3 +566,176 @@ fn testbed_service_boot_brings_the_pair_back_after_a_worker_restart() {
         "worker restart: docker restart {restart_s:.1} s; service boot back to serving {boot_s:.1} s"
     );
 }
+
+// ---- A first deployment killed and resumed ----
+
+/// Bytes the worker container received on its fabric interface (read in its network namespace).
+fn fabric_rx(container: &str, addr: std::net::Ipv4Addr) -> u64 {
+    let pid = text(
+        &Command::new("docker")
+            .args(["inspect", "-f", "{{.State.Pid}}", container])
+            .output()
+            .unwrap()
+            .stdout,
+    );
+    let netns = |args: &[&str]| {
+        let out = Command::new("nsenter")
+            .args(["-t", pid.trim(), "-n"])
+            .args(args)
+            .output()
+            .unwrap();
+        text(&out.stdout)
+    };
+    let addrs = netns(&["ip", "-o", "-4", "addr", "show"]);
+    let ifname = addrs
+        .lines()
+        .find(|l| l.contains(&format!("inet {addr}/")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("no interface with {addr}: {addrs}"))
+        .to_owned();
+    let dev = netns(&["cat", "/proc/net/dev"]);
+    dev.lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{ifname}:")))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no counters of {ifname}: {dev}"))
+}
+
+/// `up` with JSON events; the seconds from its start to ConfigureWorkerStorage's end (the data
+/// moved), and whether it succeeded.
+fn timed_up(config: &std::path::Path) -> (f64, bool) {
+    let t = Instant::now();
+    let mut child = sd(&["--json", "--config", &config.display().to_string(), "up"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut moved = None;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if moved.is_none()
+            && line.contains("configure_worker_storage")
+            && (line.contains("\"finished\"") || line.contains("\"skipped\""))
+        {
+            moved = Some(t.elapsed().as_secs_f64());
+        }
+    }
+    let ok = child.wait().unwrap().success();
+    (moved.unwrap_or_else(|| t.elapsed().as_secs_f64()), ok)
+}
+
+/// The testbed and the deployment on it, taken down whatever happens.
+struct Resumable {
+    rt: tokio::runtime::Runtime,
+    opts: spark_deploy_testbed::cluster::TestbedOptions,
+    config: std::path::PathBuf,
+}
+
+impl Drop for Resumable {
+    fn drop(&mut self) {
+        let _ = sd(&["--config", &self.config.display().to_string(), "down"]).output();
+        let _ = self
+            .rt
+            .block_on(spark_deploy_testbed::cluster::down(&self.opts));
+    }
+}
+
+/// A first deployment over one 20 MB/s link is SIGKILLed at about 30 %, 60 % and 90 % of the time
+/// its data takes to move (measured by an uninterrupted first deployment), then `up` runs again
+/// to serving. What the hub served and what reached the worker's fabric interface beyond the
+/// uninterrupted run's figures (re-fetched and re-sent bytes) stays under 1 % of them: finished
+/// downloads, rank-file shards and copies are never redone, partial ones continue.
+#[test]
+#[allow(clippy::print_stdout)]
+fn testbed_a_first_deploy_killed_at_30_60_and_90_percent_resumes_moving_under_1_percent_again() {
+    use spark_deploy_testbed::checkpoint::CheckpointSpec;
+    use spark_deploy_testbed::cluster::{self, TestbedOptions};
+    use spark_deploy_testbed::hub_server::HubOptions;
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let opts = TestbedOptions {
+        install_tools: true,
+        ..TestbedOptions::default()
+    };
+    let info = rt.block_on(cluster::up(&opts)).unwrap();
+    let config_path = info.state_dir.join("resume.toml");
+    let tb = Resumable {
+        rt,
+        opts,
+        config: config_path.clone(),
+    };
+    let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), std::path::PathBuf::from);
+    let repos = info.state_dir.join("hub-repos-medium");
+    spark_deploy_testbed::demo::hub_tree_of(&repos, &CheckpointSpec::medium(9)).unwrap();
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_spark-deploy"));
+    let (hub, config) = tb
+        .rt
+        .block_on(spark_deploy_testbed::demo::prepare_on(
+            &info,
+            &home,
+            Some(&exe),
+            &repos,
+            HubOptions {
+                link_rate: std::num::NonZeroU64::new(20_000_000),
+                ..HubOptions::default()
+            },
+        ))
+        .unwrap();
+    std::fs::write(&config_path, toml::to_string_pretty(&config).unwrap()).unwrap();
+    let v = spark_deploy_core::config::validate(config, &home).unwrap();
+    let w = &info.workers[0];
+    let fresh = || {
+        let out = sd(&["--config", &config_path.display().to_string(), "down"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "down: {}", text(&out.stderr));
+        spark_deploy_testbed::deployment::remove_deployment_files(&v, &info);
+        (hub.bytes_served(), fabric_rx(&w.container, w.fabric_addr))
+    };
+
+    // The uninterrupted first deployment: what it moves, and how long moving it takes.
+    let (h0, r0) = fresh();
+    let (moved_s, ok) = timed_up(&config_path);
+    assert!(ok, "the uninterrupted up failed");
+    let fetched = hub.bytes_served() - h0;
+    let received = fabric_rx(&w.container, w.fabric_addr) - r0;
+    println!(
+        "uninterrupted: {fetched} bytes from the hub, {received} bytes to the worker, data moved in {moved_s:.1} s"
+    );
+    assert!(
+        fetched > 100_000_000,
+        "a checkpoint worth interrupting: {fetched} bytes"
+    );
+
+    for pct in [30u32, 60, 90] {
+        let (h0, r0) = fresh();
+        let mut child = sd(&["--config", &config_path.display().to_string(), "up"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs_f64(moved_s * f64::from(pct) / 100.0));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let at_kill = hub.bytes_served() - h0;
+        let (_, ok) = timed_up(&config_path);
+        assert!(ok, "{pct} %: up after the kill failed");
+        let refetched = (hub.bytes_served() - h0).saturating_sub(fetched);
+        let resent = (fabric_rx(&w.container, w.fabric_addr) - r0).saturating_sub(received);
+        println!(
+            "killed at {pct} % ({at_kill} bytes fetched by then): re-fetched {refetched} bytes ({:.3} %), re-sent {resent} bytes ({:.3} %)",
+            refetched as f64 * 100.0 / fetched as f64,
+            resent as f64 * 100.0 / received as f64
+        );
+        assert!(
+            refetched * 100 <= fetched,
+            "{pct} %: re-fetched {refetched} of {fetched} bytes"
+        );
+        assert!(
+            resent * 100 <= received,
+            "{pct} %: re-sent {resent} of {received} bytes"
+        );
+    }
+    drop(hub);
+    drop(tb);
+}

@@ -53,3 +53,31 @@ pub fn deployment_config(info: &TestbedInfo) -> DeploymentConfig {
     crate::host_facts::configure(info, &mut c);
     c
 }
+
+/// Removes everything a deployment of `config` on `info` put on the head and the workers (the HF
+/// caches, rank files, kit, Engram tables, worker manifests, the head's hash cache; not the
+/// engine or its image), so the next `up` is a first deployment. Nothing of it may be running.
+pub fn remove_deployment_files(
+    config: &spark_deploy_core::config::ValidatedConfig,
+    info: &TestbedInfo,
+) {
+    use spark_deploy_core::layout::NodeLayout;
+    use std::path::PathBuf;
+    let c = config.config();
+    let mut dirs = vec![PathBuf::from(&c.hub.cache)];
+    for node in &c.nodes {
+        let l = NodeLayout::of(config, node);
+        dirs.extend([&l.inputs_dir, &l.kit_dir, &l.engram_dir].map(PathBuf::from));
+        dirs.push(PathBuf::from(&node.hf_cache));
+        let _ = fs_err::remove_file(&l.bias_vl_file);
+        let _ =
+            fs_err::remove_file(PathBuf::from(&node.data_dir).join(".spark-deploy-received.tsv"));
+    }
+    for w in &info.workers {
+        dirs.push(w.disk_dir.join("hf"));
+    }
+    for d in dirs {
+        let _ = fs_err::remove_dir_all(d);
+    }
+    let _ = fs_err::remove_file(PathBuf::from(&c.deployment.state_dir).join("transfer-hashes.tsv"));
+}

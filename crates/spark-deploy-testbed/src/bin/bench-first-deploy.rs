@@ -30,7 +30,6 @@ use std::time::Instant;
 
 use spark_deploy_core::config::{DeploymentConfig, ValidatedConfig, validate};
 use spark_deploy_core::event::{Event, EventSink, Source, StepKind};
-use spark_deploy_core::layout::NodeLayout;
 use spark_deploy_core::plan::{Plan, Step};
 use spark_deploy_core::raster::Canvas;
 use spark_deploy_core::run::Context;
@@ -213,26 +212,9 @@ fn chart(spans: &[Span], total: f64, title: &str) -> Vec<u8> {
     c.png()
 }
 
-/// Every directory the deployment fills, on the head and the worker: the next run starts empty.
-fn empty_caches(config: &DeploymentConfig, v: &ValidatedConfig, info: &TestbedInfo) {
-    let mut dirs = vec![PathBuf::from(&config.hub.cache)];
-    for node in &v.config().nodes {
-        let l = NodeLayout::of(v, node);
-        dirs.extend([&l.inputs_dir, &l.kit_dir, &l.engram_dir].map(PathBuf::from));
-        dirs.push(PathBuf::from(&node.hf_cache));
-        let _ = fs_err::remove_file(l.bias_vl_file);
-        let _ =
-            fs_err::remove_file(PathBuf::from(&node.data_dir).join(".spark-deploy-received.tsv"));
-    }
-    for w in &info.workers {
-        dirs.push(w.disk_dir.join("hf"));
-    }
-    for d in dirs {
-        let _ = fs_err::remove_dir_all(d);
-    }
-    let _ = fs_err::remove_file(
-        PathBuf::from(&config.deployment.state_dir).join("transfer-hashes.tsv"),
-    );
+/// Empty caches on the head and the worker, and a cold page cache: the next run starts empty.
+fn empty_caches(v: &ValidatedConfig, info: &TestbedInfo) {
+    spark_deploy_testbed::deployment::remove_deployment_files(v, info);
     let _ = std::process::Command::new("sync").status();
     let _ = fs_err::write("/proc/sys/vm/drop_caches", "1");
 }
@@ -270,7 +252,7 @@ async fn up(
     c.lifecycle.overlap = overlap;
     let v = validate(c.clone(), home)?;
     down(&v).await;
-    empty_caches(&c, &v, info);
+    empty_caches(&v, info);
     let sink = Timed::new();
     let ctx = Context::new(v.clone(), Arc::new(sink.clone()));
     let t = Instant::now();
@@ -337,7 +319,7 @@ async fn bench(info: &TestbedInfo) -> R<()> {
     // (a) Our fetch alone, into an empty cache.
     let v = validate(config.clone(), &home)?;
     down(&v).await;
-    empty_caches(&config, &v, info);
+    empty_caches(&v, info);
     let ctx = Context::new(v.clone(), Arc::new(|_| {}));
     let t = Instant::now();
     Plan::from_steps(&v, vec![Step::FetchCheckpoint(FetchCheckpoint::new(&v))])

@@ -150,6 +150,17 @@ impl CheckpointSpec {
         }
     }
 
+    /// A medium checkpoint (about 160 MB): the small one with 128 experts of width 1024, for the
+    /// tests that interrupt a first deployment and count what it moved twice.
+    #[must_use]
+    pub fn medium(seed: u64) -> Self {
+        Self {
+            experts: 128,
+            expert_width: 1024,
+            ..Self::small(seed)
+        }
+    }
+
     /// A large checkpoint (about 2.6 GB of shards) for the rank-cache benchmark.
     #[must_use]
     pub fn large(seed: u64) -> Self {
