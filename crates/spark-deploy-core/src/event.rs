@@ -230,6 +230,22 @@ pub struct EventRecord<'a> {
     pub event: &'a Event,
 }
 
+/// The rate (bytes per second since `started`) and the seconds left at that rate, for a
+/// progress event of `done` of `total` bytes; `None` before anything moved.
+#[must_use]
+pub fn rate_and_eta(
+    done: u64,
+    total: u64,
+    started: std::time::Instant,
+) -> (Option<f64>, Option<f64>) {
+    let secs = started.elapsed().as_secs_f64();
+    if done == 0 || secs <= 0.0 {
+        return (None, None);
+    }
+    let rate = done as f64 / secs;
+    (Some(rate), Some(total.saturating_sub(done) as f64 / rate))
+}
+
 impl Event {
     /// One JSON line (no trailing newline) with the schema id and a timestamp.
     #[must_use]

@@ -147,6 +147,39 @@ async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
         )),
         "fetch progress events"
     );
+    // Every moving stage reports bytes done of total with its rate and ETA (what a client needs to
+    // draw the pipeline), and the preparation steps overlap: rank-file bytes are written before
+    // the fetch ends.
+    for kind in [
+        StepKind::FetchCheckpoint,
+        StepKind::BuildRankCache,
+        StepKind::ConfigureWorkerStorage,
+    ] {
+        assert!(
+            ev.iter().any(|e| matches!(
+                e,
+                Event::Progress { source: Source::Step(k), bytes_total: Some(_), rate_bps: Some(r), eta_s: Some(_), .. }
+                    if *k == kind && *r > 0.0
+            )),
+            "{kind:?}: progress with rate and ETA"
+        );
+    }
+    let first_build = ev.iter().position(|e| {
+        matches!(e, Event::Progress { source: Source::Step(StepKind::BuildRankCache), bytes_done, .. } if *bytes_done > 0)
+    });
+    let fetch_done = ev.iter().position(|e| {
+        matches!(
+            e,
+            Event::Finished {
+                source: Source::Step(StepKind::FetchCheckpoint),
+                ..
+            }
+        )
+    });
+    assert!(
+        first_build.is_some() && first_build < fetch_done,
+        "overlapped: rank-file bytes are written before the fetch ends ({first_build:?}, {fetch_done:?})"
+    );
     assert!(
         ev.iter().any(
             |e| matches!(e, Event::Log { line, .. } if line.contains("is running on port 8888"))

@@ -212,7 +212,9 @@ pub(crate) async fn ship_all(
         })
         .collect();
     let hashes = PathBuf::from(&c.deployment.state_dir).join("transfer-hashes.tsv");
+    let started = std::time::Instant::now();
     let progress = |t: usize, p: &pull::TransferProgress<'_>| {
+        let (rate_bps, eta_s) = crate::event::rate_and_eta(p.done, p.total, started);
         ctx.emit(Event::Progress {
             source: step.into(),
             node: Some(c.nodes[workers[t].0].name.clone()),
@@ -222,8 +224,8 @@ pub(crate) async fn ship_all(
             ),
             bytes_done: p.done,
             bytes_total: Some(p.total),
-            rate_bps: None,
-            eta_s: None,
+            rate_bps,
+            eta_s,
             file: Some(FileBytes {
                 done: p.file_done,
                 total: p.file_total,

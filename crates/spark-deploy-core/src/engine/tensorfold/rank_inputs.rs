@@ -377,15 +377,18 @@ impl RankInputs {
                         ));
                     }
                     let tx2 = tx.clone();
+                    let started = std::time::Instant::now();
                     let mut progress = |p: &super::inputs::rank_cache::RankCacheProgress| {
+                        let (rate_bps, eta_s) =
+                            crate::event::rate_and_eta(p.bytes_done, p.bytes_total, started);
                         let _ = tx2.send(Event::Progress {
                             source: StepKind::BuildRankCache.into(),
                             node: Some(node.clone()),
                             label: format!("rank{}of{world}", p.rank),
                             bytes_done: p.bytes_done,
                             bytes_total: Some(p.bytes_total),
-                            rate_bps: None,
-                            eta_s: None,
+                            rate_bps,
+                            eta_s,
                             file: None,
                         });
                         Ok(())
