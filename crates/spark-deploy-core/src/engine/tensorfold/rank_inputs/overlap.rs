@@ -41,6 +41,13 @@ async fn checkpoint_ahead(
     commit: &str,
 ) -> Result<Option<Checkpoint>, BoxError> {
     let c = ctx.config().config();
+    // Every shard the index names is here already (a re-run): nothing to read ahead.
+    let index = model_dir.join("model.safetensors.index.json");
+    if let Ok(ix) = read_index_json(&index)
+        && ix.weight_map.values().all(|shard| model_dir.join(shard).exists())
+    {
+        return Ok(None);
+    }
     let endpoint = (!c.hub.endpoint.is_empty()).then(|| c.hub.endpoint.clone());
     let mut cfg = HubConfig::new(endpoint, hub_dir(&c.hub.cache));
     cfg.token = HfToken::configured(&c.hub).0;
@@ -65,7 +72,6 @@ async fn checkpoint_ahead(
     .await
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
-    let index = model_dir.join("model.safetensors.index.json");
     let index = if index.exists() {
         Some(read_index_json(&index)?)
     } else {
