@@ -264,8 +264,25 @@ async fn up(
     Ok((secs, events))
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> R<()> {
+fn main() -> R<()> {
+    // This executable is the engine stand-in too (installed under the engine's names, as the
+    // `spark-deploy` binary is by `demo`), so the benchmark needs nothing else built.
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let name = Path::new(&argv0)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if spark_deploy_testbed::standin::is_engine_name(&name) {
+        std::process::exit(i32::from(spark_deploy_testbed::standin::run_process()));
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> R<()> {
     let opts = TestbedOptions {
         install_tools: true,
         ..TestbedOptions::default()
@@ -298,10 +315,11 @@ async fn bench(info: &TestbedInfo) -> R<()> {
                 .unwrap_or(0)
         })
         .sum();
+    let exe = std::env::current_exe()?;
     let (hub, config) = demo::prepare_on(
         info,
         &home,
-        None,
+        Some(&exe),
         &repos,
         HubOptions {
             link_rate: std::num::NonZeroU64::new(mbps * 1_000_000),
