@@ -137,6 +137,8 @@ pub struct Stages {
     pub rank_files: bool,
     /// BuildRankCache is done (token map, kit, tables too).
     pub built: bool,
+    /// ConfigureWorkerStorage is done (every worker's files, its NFS volume in `nfs` mode).
+    pub stored: bool,
     /// One of the overlapped steps failed: the others stop.
     pub failed: bool,
 }
@@ -213,6 +215,7 @@ impl Context {
                 fetched: true,
                 rank_files: true,
                 built: true,
+                stored: true,
                 failed: false,
             })
     }

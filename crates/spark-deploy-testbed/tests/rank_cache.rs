@@ -1134,7 +1134,7 @@ fn a_streaming_build_in_any_shard_order_equals_the_whole_file_build_and_resumes_
     let left: Vec<String> = std::fs::read_dir(out.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with('.'))
+        .filter(|n| n.ends_with(".partial") || n.ends_with(".journal"))
         .collect();
     assert!(left.is_empty(), "no partial or journal is left: {left:?}");
 

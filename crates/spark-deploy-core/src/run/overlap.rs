@@ -1,6 +1,7 @@
-//! FetchCheckpoint, BuildRankCache and ConfigureWorkerStorage at the same time
+//! FetchCheckpoint, BuildRankCache, ConfigureWorkerStorage and BuildImage at the same time
 //! (`lifecycle.overlap`): the fetch links each file the moment it verifies, the build writes each
-//! shard's entries as the shard lands, and the copy sends each rank file as soon as it is final.
+//! shard's entries as the shard lands, the copy sends each rank file as soon as it is final, and
+//! the engine image is built and shipped meanwhile.
 //! The steps coordinate through [`Context::stages`]; each emits its own `Started` at once and its
 //! `Finished` (or `Skipped`) when it ends, so the events draw the overlap.
 //!
@@ -21,24 +22,31 @@ use crate::plan::Step;
 /// One step's outcome: its index in the plan, its report line or failure, its start.
 pub(super) type Settled = (usize, Result<super::StepReport, StepFailure>, Instant);
 
-const GROUP: [StepKind; 3] = [
+/// The preparation steps that run together, in plan order: the first three always, BuildImage
+/// when the plan has it next (it needs none of their files; in `nfs` mode it waits for the
+/// volumes before checking their mounts).
+const GROUP: [StepKind; 4] = [
     StepKind::FetchCheckpoint,
     StepKind::BuildRankCache,
     StepKind::ConfigureWorkerStorage,
+    StepKind::BuildImage,
 ];
 
-/// How many steps from `index` run together: 3 for the preparation steps in a row (a fetch that
-/// downloads, `lifecycle.overlap` on, a policy that prepares), else 1.
+/// How many steps from `index` run together: the preparation steps in a row (at least the
+/// first three; a fetch that downloads, `lifecycle.overlap` on, a policy that prepares), else 1.
 pub(super) fn group_width(steps: &[Step], index: usize, ctx: &Context) -> usize {
-    let in_a_row = steps
-        .get(index..index + GROUP.len())
-        .is_some_and(|s| s.iter().map(Step::kind).eq(GROUP));
+    let width = steps[index..]
+        .iter()
+        .zip(GROUP)
+        .take_while(|(s, k)| s.kind() == *k)
+        .count();
+    let in_a_row = width >= 3;
     let downloads = matches!(&steps[index], Step::FetchCheckpoint(f) if !f.verify_only);
     let on = ctx.config().config().lifecycle.overlap
         && ctx.prepare_policy() != PreparePolicy::Never
         && !ctx.is_dry_run();
     if in_a_row && downloads && on {
-        GROUP.len()
+        width
     } else {
         1
     }

@@ -319,7 +319,11 @@ impl BuildImage {
                 work.push(format!("{} engine file(s) to {}", stats.sent, n.node));
             }
         }
-        // `nfs` mode: the worker's volume is mounted from a container of this image.
+        // `nfs` mode: the worker's volume is mounted from a container of this image (overlapped,
+        // once ConfigureWorkerStorage has created it).
+        if !ctx.wait_until(|c| c.stages().stored).await {
+            return Err(StepFailure::new(StepKind::BuildImage, "cancelled", None));
+        }
         super::storage::verify_nfs_mounts(ctx, engine)
             .await
             .map_err(|e| {

@@ -505,6 +505,7 @@ impl ConfigureWorkerStorage {
             return Err(f);
         }
         let bytes = bytes + early_bytes;
+        ctx.mark_stage(|s| s.stored = true);
         if bytes == 0 {
             return Ok(Outcome::Skipped {
                 reason: summary.join("; "),

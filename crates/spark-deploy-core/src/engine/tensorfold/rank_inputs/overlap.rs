@@ -44,7 +44,10 @@ async fn checkpoint_ahead(
     // Every shard the index names is here already (a re-run): nothing to read ahead.
     let index = model_dir.join("model.safetensors.index.json");
     if let Ok(ix) = read_index_json(&index)
-        && ix.weight_map.values().all(|shard| model_dir.join(shard).exists())
+        && ix
+            .weight_map
+            .values()
+            .all(|shard| model_dir.join(shard).exists())
     {
         return Ok(None);
     }

@@ -368,7 +368,6 @@ pub fn build_rank_caches_streaming(
         .map(|p| Partial::open(p, out_dir, opts))
         .collect::<Result<Vec<_>, _>>()?;
     let chunk = chunk_len(opts);
-    let (mut buf, mut scratch) = (Vec::new(), Vec::new());
     let report = |partials: &[Partial<'_>],
                   progress: &mut dyn FnMut(&RankCacheProgress) -> Result<(), Cancelled>|
      -> Result<(), RankCacheError> {
@@ -414,13 +413,42 @@ pub fn build_rank_caches_streaming(
                 path: shard_path.clone(),
                 source,
             })?;
-        for p in partials.iter_mut().filter(|p| !p.done[s]) {
-            p.write_shard(s, &src, chunk, &mut buf, &mut scratch)?;
-        }
+        // Each rank file on its own thread: a shard's entries go to every rank at once.
+        let src = &src;
+        let results: Vec<Result<(), RankCacheError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = partials
+                .iter_mut()
+                .filter(|p| !p.done[s])
+                .map(|p| {
+                    scope.spawn(move || {
+                        let (mut buf, mut scratch) = (Vec::new(), Vec::new());
+                        p.write_shard(s, src, chunk, &mut buf, &mut scratch)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or(Err(RankCacheError::WorkerPanicked { rank: first.rank }))
+                })
+                .collect()
+        });
+        results.into_iter().collect::<Result<Vec<()>, _>>()?;
         report(&partials, progress)?;
     }
-    partials
-        .into_iter()
-        .map(|p| p.finish(out_dir, opts))
-        .collect()
+    // The trailers, syncs and final names, every rank at once too.
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = partials
+            .into_iter()
+            .map(|p| scope.spawn(move || p.finish(out_dir, opts)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or(Err(RankCacheError::WorkerPanicked { rank: first.rank }))
+            })
+            .collect()
+    })
 }
