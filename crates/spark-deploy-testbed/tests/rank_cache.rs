@@ -422,7 +422,7 @@ fn index_only_writes_nothing_and_names_the_built_file() {
     let f = build_rank_cache(&plan, out.path(), &o, &mut no_progress()).unwrap();
     assert_eq!(f.file_name().unwrap().to_str().unwrap(), plan.file_name);
     assert_eq!(std::fs::metadata(&f).unwrap().len(), plan.file_len());
-    // only the final file and its sidecar are left
+    // only the final file, its sidecar and its stamp are left
     let mut names: Vec<String> = std::fs::read_dir(out.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -431,6 +431,7 @@ fn index_only_writes_nothing_and_names_the_built_file() {
     assert_eq!(
         names,
         vec![
+            format!(".{}.checked", plan.file_name),
             plan.file_name.clone(),
             format!("{}.source.json", plan.file_name)
         ]
@@ -974,7 +975,11 @@ fn a_stamped_check_reads_every_block_after_a_change_and_a_sample_otherwise() {
     assert!(blocks > 4 * (stamp::SAMPLE_BLOCKS + 2), "{blocks} blocks");
     let stamped =
         |f: &Path| verify_rank_cache(&plan, f, VerifyLevel::Stamped, &o, &mut no_progress());
-    assert!(stamp::read(&f).is_none());
+    assert!(
+        stamp::read(&f).is_some(),
+        "the build took every block's checksum from what it wrote: it records the stamp"
+    );
+    stamp::clear(&f);
     stamped(&f).unwrap();
     assert!(stamp::read(&f).is_some(), "a full check records the stamp");
     let good = std::fs::read(&f).unwrap();
