@@ -54,6 +54,7 @@ async fn checkpoint_ahead(
     let endpoint = (!c.hub.endpoint.is_empty()).then(|| c.hub.endpoint.clone());
     let mut cfg = HubConfig::new(endpoint, hub_dir(&c.hub.cache));
     cfg.token = HfToken::configured(&c.hub).0;
+    cfg.offline = c.hub.offline;
     let hub = Hub::new(cfg)?;
     let resolved = hub.resolve(&c.model.id, commit).await?;
     let shards: Vec<_> = hub
