@@ -429,10 +429,11 @@ impl Exec {
                 let p = self.remote_path(path)?;
                 // The temporary is removed first and created under noclobber (`set -C`): a
                 // symlink planted at its name is never written through.
+                // The temporary is per writer (`$$`): two writers of one file never share it.
                 let script = "set -eC; umask 022; mkdir -p -- \"$(dirname -- \"$1\")\"; \
-                              rm -f -- \"$1.sd-tmp\"; \
-                              cat > \"$1.sd-tmp\" || { rm -f -- \"$1.sd-tmp\"; exit 1; }; \
-                              mv -f -- \"$1.sd-tmp\" \"$1\"";
+                              t=\"$1.sd-tmp.$$\"; rm -f -- \"$t\"; \
+                              cat > \"$t\" || { rm -f -- \"$t\"; exit 1; }; \
+                              mv -f -- \"$t\" \"$1\"";
                 self.run(&Cmd::shell(script).arg("sh").arg(p).stdin(contents.to_vec()))
                     .await
                     .map(|_| ())
@@ -502,9 +503,13 @@ impl Exec {
     }
 }
 
+/// A temporary beside `path`, unique to this writer (process and call), so two writers of one
+/// file never share it.
 fn tmp_name(path: &Path) -> PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut s = path.as_os_str().to_owned();
-    s.push(".sd-tmp");
+    s.push(format!(".sd-tmp.{}.{n}", std::process::id()));
     PathBuf::from(s)
 }
 

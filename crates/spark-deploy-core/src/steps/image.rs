@@ -311,6 +311,11 @@ impl BuildImage {
                     })?,
                 );
             }
+            // Overlapped: the binaries travel once ConfigureWorkerStorage is done, since both
+            // record what arrived in the worker's one manifest.
+            if !ctx.wait_until(|c| c.stages().stored).await {
+                return Err(StepFailure::new(StepKind::BuildImage, "cancelled", None));
+            }
             let stats = super::storage::ship(ctx, StepKind::BuildImage, i, &jobs)
                 .await
                 .map_err(|e| fail(e, "a re-run resumes".into()))?;
@@ -319,11 +324,7 @@ impl BuildImage {
                 work.push(format!("{} engine file(s) to {}", stats.sent, n.node));
             }
         }
-        // `nfs` mode: the worker's volume is mounted from a container of this image (overlapped,
-        // once ConfigureWorkerStorage has created it).
-        if !ctx.wait_until(|c| c.stages().stored).await {
-            return Err(StepFailure::new(StepKind::BuildImage, "cancelled", None));
-        }
+        // `nfs` mode: the worker's volume is mounted from a container of this image.
         super::storage::verify_nfs_mounts(ctx, engine)
             .await
             .map_err(|e| {
