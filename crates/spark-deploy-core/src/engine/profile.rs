@@ -277,8 +277,10 @@ pub trait Engine: Send + Sync + Debug {
         rank: usize,
     ) -> Result<Vec<FileJob>, Box<dyn std::error::Error + Send + Sync>>;
 
-    /// In an overlapped `up`, the files worker `rank` can receive as soon as BuildRankCache has
-    /// its rank files final (while the rest is still being fetched or built); nothing by default.
+    /// In an overlapped `up`, the files worker `rank` can receive now, while the rest is still
+    /// being fetched or built (asked again until the fetch has finished and its rank inputs have
+    /// gone; what was shipped is skipped), its rank inputs only when `rank_inputs` says they are
+    /// final (asked once); nothing by default.
     ///
     /// # Errors
     ///
@@ -287,6 +289,7 @@ pub trait Engine: Send + Sync + Debug {
         &self,
         _ctx: &Context,
         _rank: usize,
+        _rank_inputs: bool,
     ) -> Result<Vec<FileJob>, Box<dyn std::error::Error + Send + Sync>> {
         Ok(Vec::new())
     }

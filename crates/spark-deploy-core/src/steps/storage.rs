@@ -445,11 +445,11 @@ impl ConfigureWorkerStorage {
             StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
                 .at(Some(w.node.clone()), Some(w.rank))
         };
-        // Overlapped `up`: the rank files travel as soon as they are final on the head, while the
-        // fetch may still be bringing the Engram tables; everything else once the build is done.
+        // Overlapped `up`: Engram shards travel as they land and the rank files as soon as they
+        // are final on the head; everything else once the build is done.
         let mut early_bytes = 0;
         if ctx.overlapped() {
-            early_bytes = self.ship_rank_files_early(ctx, engine).await?;
+            early_bytes = self.ship_early(ctx, engine).await?;
             if !ctx.wait_until(|c| c.stages().built).await {
                 return Err(StepFailure::new(
                     StepKind::ConfigureWorkerStorage,
@@ -514,46 +514,55 @@ impl ConfigureWorkerStorage {
         Ok(Outcome::Done { bytes: Some(bytes) })
     }
 
-    /// The overlapped part: waits until every rank file is final on the head, then ships each
-    /// worker its own. The bytes sent.
-    async fn ship_rank_files_early(
-        &self,
-        ctx: &Context,
-        engine: &dyn Engine,
-    ) -> Result<u64, StepFailure> {
-        if !ctx.wait_until(|c| c.stages().rank_files).await {
-            return Err(StepFailure::new(
-                StepKind::ConfigureWorkerStorage,
-                "cancelled",
-                None,
-            ));
-        }
-        let mut work = Vec::with_capacity(self.workers.len());
-        for w in &self.workers {
-            let jobs = engine.worker_jobs_early(ctx, w.rank).await.map_err(|e| {
-                StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
-                    .at(Some(w.node.clone()), Some(w.rank))
-            })?;
-            work.push((w.rank, jobs));
-        }
-        if work.iter().all(|(_, j)| j.is_empty()) {
-            return Ok(0);
-        }
-        let shipped = ship_all(ctx, StepKind::ConfigureWorkerStorage, &work)
-            .await
-            .map_err(|e| {
-                StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
-            })?;
+    /// The overlapped part: ships each worker what is final on the head already (the engine's
+    /// early files: Engram shards as they land, the rank file once the rank files are final),
+    /// again and again, until the fetch has finished and the rank files are final. The bytes sent.
+    async fn ship_early(&self, ctx: &Context, engine: &dyn Engine) -> Result<u64, StepFailure> {
+        let fail = |w: &WorkerPlan, e: BoxError| {
+            StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+                .at(Some(w.node.clone()), Some(w.rank))
+        };
+        let mut shipped: std::collections::HashSet<(usize, PathBuf)> = Default::default();
         let mut bytes = 0;
-        for (w, r) in self.workers.iter().zip(shipped) {
-            bytes += r
-                .map_err(|e| {
-                    StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
-                        .at(Some(w.node.clone()), Some(w.rank))
-                })?
-                .bytes_sent;
+        let mut rank_files_sent = false;
+        loop {
+            let stages = ctx.stages();
+            let with_rank_files = stages.rank_files && !rank_files_sent;
+            if stages.failed || ctx.is_cancelled() {
+                return Err(StepFailure::new(
+                    StepKind::ConfigureWorkerStorage,
+                    "cancelled",
+                    None,
+                ));
+            }
+            let mut work = Vec::with_capacity(self.workers.len());
+            for w in &self.workers {
+                let jobs: Vec<FileJob> = engine
+                    .worker_jobs_early(ctx, w.rank, with_rank_files)
+                    .await
+                    .map_err(|e| fail(w, e))?
+                    .into_iter()
+                    .filter(|j| !shipped.contains(&(w.rank, j.to.clone())))
+                    .collect();
+                work.push((w.rank, jobs));
+            }
+            if work.iter().any(|(_, j)| !j.is_empty()) {
+                let results = ship_all(ctx, StepKind::ConfigureWorkerStorage, &work)
+                    .await
+                    .map_err(|e| {
+                        StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+                    })?;
+                for ((w, r), (rank, jobs)) in self.workers.iter().zip(results).zip(&work) {
+                    bytes += r.map_err(|e| fail(w, e))?.bytes_sent;
+                    shipped.extend(jobs.iter().map(|j| (*rank, j.to.clone())));
+                }
+            }
+            rank_files_sent |= with_rank_files;
+            if stages.fetched && rank_files_sent {
+                return Ok(bytes);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }
-        Ok(bytes)
     }
 
     /// One worker's preparation before the copy: its NFS volume (`nfs`) or the check of its own

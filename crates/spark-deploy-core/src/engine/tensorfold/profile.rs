@@ -188,8 +188,9 @@ impl Engine for TensorfoldDsv41 {
         &self,
         ctx: &Context,
         rank: usize,
+        rank_file: bool,
     ) -> Result<Vec<FileJob>, Box<dyn std::error::Error + Send + Sync>> {
-        worker_inputs::rank_file_jobs(ctx, rank).await
+        worker_inputs::early_jobs(ctx, rank, rank_file).await
     }
 
     async fn fetch_extras(

@@ -103,8 +103,36 @@ pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxErr
     Ok(jobs)
 }
 
-/// Worker `i`'s rank file (after moving superseded ones aside on it): what an overlapped `up`
-/// ships as soon as the rank files are final, before the rest is ready.
+/// What an overlapped `up` can ship worker `i` now, before BuildRankCache is done: every Engram
+/// shard already final in the original model's snapshot (to where the worker's tables go; the
+/// head links the same blobs into its tables directory later, so the final copy finds them
+/// there), and with `rank_file` its rank file (every rank file is final).
+pub(crate) async fn early_jobs(
+    ctx: &Context,
+    i: usize,
+    rank_file: bool,
+) -> Result<Vec<FileJob>, BoxError> {
+    let c = ctx.config().config();
+    let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+    let mut jobs = Vec::new();
+    if let Some(commit) = ctx.facts().commits.get(&c.model.engram_repo) {
+        let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.engram_repo, commit);
+        if snap.is_dir() {
+            jobs.extend(
+                expand(&snap, Path::new(&wl.engram_dir))
+                    .map_err(|e| Box::new(e) as BoxError)?
+                    .into_iter()
+                    .filter(|j| is_shard(&j.to)),
+            );
+        }
+    }
+    if rank_file {
+        jobs.extend(rank_file_jobs(ctx, i).await?);
+    }
+    Ok(jobs)
+}
+
+/// Worker `i`'s rank file (after moving superseded ones aside on it).
 pub(crate) async fn rank_file_jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxError> {
     let c = ctx.config().config();
     let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
