@@ -415,9 +415,9 @@ pub struct LifecycleSection {
     /// Generations kept besides the serving one after an accepted upgrade (rollback targets);
     /// older ones lose their inputs and image tags.
     pub keep_generations: u32,
-    /// Run FetchCheckpoint, BuildRankCache and ConfigureWorkerStorage at the same time: rank
-    /// files are written as shards land and travel to the workers as soon as they are final.
-    /// `false` runs them one after the other.
+    /// Run FetchCheckpoint, BuildRankCache, ConfigureWorkerStorage and BuildImage at the same
+    /// time: rank files are written as shards land and travel to the workers as soon as they are
+    /// final. `false` runs them one after the other.
     pub overlap: bool,
 }
 
