@@ -640,7 +640,7 @@ impl Drop for Resumable {
     }
 }
 
-/// A first deployment over one 20 MB/s link is SIGKILLed at about 30 %, 60 % and 90 % of the time
+/// A first deployment over one 40 MB/s link is SIGKILLed at about 30 %, 60 % and 90 % of the time
 /// its data takes to move (measured by an uninterrupted first deployment), then `up` runs again
 /// to serving. What the hub served and what reached the worker's fabric interface beyond the
 /// uninterrupted run's figures (re-fetched and re-sent bytes) stays under 1 % of them: finished
@@ -665,7 +665,7 @@ fn testbed_a_first_deploy_killed_at_30_60_and_90_percent_resumes_moving_under_1_
         config: config_path.clone(),
     };
     let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), std::path::PathBuf::from);
-    let repos = info.state_dir.join("hub-repos-medium");
+    let repos = info.state_dir.join("hub-repos-medium-330mb");
     spark_deploy_testbed::demo::hub_tree_of(&repos, &CheckpointSpec::medium(9)).unwrap();
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_spark-deploy"));
     let (hub, config) = tb
@@ -676,7 +676,7 @@ fn testbed_a_first_deploy_killed_at_30_60_and_90_percent_resumes_moving_under_1_
             Some(&exe),
             &repos,
             HubOptions {
-                link_rate: std::num::NonZeroU64::new(20_000_000),
+                link_rate: std::num::NonZeroU64::new(40_000_000),
                 ..HubOptions::default()
             },
         ))

@@ -314,7 +314,9 @@ impl Hub {
             .open(incomplete)
             .await
             .map_err(|e| self.io_err(r, file, incomplete, e))?;
-        let mut out = tokio::io::BufWriter::with_capacity(1 << 20, f);
+        // A small buffer: whatever it holds is lost if the process is killed (the next fetch
+        // continues from what reached the file), and 256 KiB writes are as fast as larger ones.
+        let mut out = tokio::io::BufWriter::with_capacity(256 << 10, f);
         let mut stream = resp.bytes_stream();
         let mut got = 0u64;
         let mut last_event = Instant::now();

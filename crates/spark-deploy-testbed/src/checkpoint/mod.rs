@@ -150,12 +150,12 @@ impl CheckpointSpec {
         }
     }
 
-    /// A medium checkpoint (about 160 MB): the small one with 128 experts of width 1024, for the
+    /// A medium checkpoint (about 330 MB): the small one with 256 experts of width 1024, for the
     /// tests that interrupt a first deployment and count what it moved twice.
     #[must_use]
     pub fn medium(seed: u64) -> Self {
         Self {
-            experts: 128,
+            experts: 256,
             expert_width: 1024,
             ..Self::small(seed)
         }

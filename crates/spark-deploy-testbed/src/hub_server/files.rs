@@ -270,9 +270,10 @@ impl Link {
         }
     }
 
-    /// Bytes per chunk on this link: about 1/32 s of it.
+    /// Bytes per chunk on this link: about 1/32 s of it, at most 128 KiB (a chunk is counted as
+    /// sent when it is handed over, so small chunks keep the count close to what arrived).
     fn chunk(&self) -> u64 {
-        (self.rate as u64 / 32).max(1)
+        (self.rate as u64 / 32).clamp(1, 128 << 10)
     }
 
     /// Waits until `n` bytes may go: after every byte reserved before them.
