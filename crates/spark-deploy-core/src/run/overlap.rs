@@ -112,3 +112,91 @@ pub(super) async fn run_group(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{DeploymentConfig, validate};
+    use crate::event::{Recorder, Source};
+    use crate::plan::Plan;
+
+    /// The overlapped steps of a deployment whose Hub answers every request with a 500: the fetch
+    /// fails, the build and the copy (waiting on it) stop at once, and the run reports the fetch's
+    /// failure, its remedy, and no other.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_first_failure_stops_the_other_overlapped_steps() {
+        let hub = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", hub.local_addr().unwrap());
+        std::thread::spawn(move || {
+            use std::io::{Read as _, Write as _};
+            for mut s in hub.incoming().flatten() {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(
+                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let mut raw = DeploymentConfig::default();
+        raw.deployment.name = "overlap-failure".into();
+        raw.deployment.state_dir = dir.path().join("state").display().to_string();
+        raw.hub.cache = dir.path().join("hf").display().to_string();
+        raw.hub.endpoint = endpoint;
+        let config = validate(raw, dir.path()).unwrap();
+        let steps: Vec<Step> = Plan::standard(&config)
+            .steps()
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.kind(),
+                    StepKind::FetchCheckpoint
+                        | StepKind::BuildRankCache
+                        | StepKind::ConfigureWorkerStorage
+                )
+            })
+            .cloned()
+            .collect();
+        let plan = Plan::from_steps(&config, steps);
+        let rec = Recorder::default();
+        let ctx = Context::new(config.clone(), Arc::new(rec.clone()));
+        let err = tokio::time::timeout(Duration::from_secs(60), plan.run(&ctx))
+            .await
+            .expect("the run ends")
+            .expect_err("the fetch fails");
+        assert_eq!(err.failure.step, StepKind::FetchCheckpoint, "{err}");
+        assert!(err.failure.remedy.is_some(), "{err}");
+        let events = rec.events();
+        let started = |k: StepKind| {
+            events
+                .iter()
+                .any(|e| matches!(e, Event::Started { source: Source::Step(s), .. } if *s == k))
+        };
+        assert!(
+            started(StepKind::BuildRankCache) && started(StepKind::ConfigureWorkerStorage),
+            "the three ran at once"
+        );
+        let failed: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Failed {
+                    source: Source::Step(k),
+                    ..
+                } => Some(*k),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            failed,
+            vec![StepKind::FetchCheckpoint],
+            "one failure reported"
+        );
+        assert!(
+            !events.iter().any(|e| matches!(e, Event::Finished { .. })),
+            "nothing else finished as if all was well"
+        );
+    }
+}
