@@ -166,6 +166,26 @@ fn link_tree(from: &Path, to: &Path, keep: &dyn Fn(&Path) -> bool) -> std::io::R
     Ok(n)
 }
 
+/// The progress event of a rank file's build on `node` (rate and ETA since `started`).
+fn progress_event(
+    node: &str,
+    world: usize,
+    p: &super::inputs::rank_cache::RankCacheProgress,
+    started: std::time::Instant,
+) -> Event {
+    let (rate_bps, eta_s) = crate::event::rate_and_eta(p.bytes_done, p.bytes_total, started);
+    Event::Progress {
+        source: StepKind::BuildRankCache.into(),
+        node: Some(node.to_owned()),
+        label: format!("rank{}of{world}", p.rank),
+        bytes_done: p.bytes_done,
+        bytes_total: Some(p.bytes_total),
+        rate_bps,
+        eta_s,
+        file: None,
+    }
+}
+
 /// The options every rank file of a deployment is planned and built with.
 fn rank_cache_options(
     shape_guard: bool,
@@ -379,18 +399,7 @@ impl RankInputs {
                     let tx2 = tx.clone();
                     let started = std::time::Instant::now();
                     let mut progress = |p: &super::inputs::rank_cache::RankCacheProgress| {
-                        let (rate_bps, eta_s) =
-                            crate::event::rate_and_eta(p.bytes_done, p.bytes_total, started);
-                        let _ = tx2.send(Event::Progress {
-                            source: StepKind::BuildRankCache.into(),
-                            node: Some(node.clone()),
-                            label: format!("rank{}of{world}", p.rank),
-                            bytes_done: p.bytes_done,
-                            bytes_total: Some(p.bytes_total),
-                            rate_bps,
-                            eta_s,
-                            file: None,
-                        });
+                        let _ = tx2.send(progress_event(&node, world, p, started));
                         Ok(())
                     };
                     let file = build_rank_cache(&plan, &out, &opts, &mut progress).map_err(|e| (Box::new(e) as BoxError, "check the disk space and permissions of the inputs directory on the head, then run `spark-deploy up` again (a partial file is never left under its final name)"))?;

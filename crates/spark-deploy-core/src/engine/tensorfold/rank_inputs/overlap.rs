@@ -170,18 +170,7 @@ pub(crate) async fn stream_rank_files(
         };
         let started = std::time::Instant::now();
         let mut progress = |p: &RankCacheProgress| {
-            let (rate_bps, eta_s) =
-                crate::event::rate_and_eta(p.bytes_done, p.bytes_total, started);
-            let _ = tx.send(Event::Progress {
-                source: StepKind::BuildRankCache.into(),
-                node: Some(node_name.clone()),
-                label: format!("rank{}of{world}", p.rank),
-                bytes_done: p.bytes_done,
-                bytes_total: Some(p.bytes_total),
-                rate_bps,
-                eta_s,
-                file: None,
-            });
+            let _ = tx.send(super::progress_event(&node_name, world, p, started));
             Ok(())
         };
         build_rank_caches_streaming(&plans, &out, &opts, &mut next, &mut progress)

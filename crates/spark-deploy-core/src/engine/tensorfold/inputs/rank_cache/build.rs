@@ -24,16 +24,7 @@ pub fn build_rank_cache(
     opts: &RankCacheOptions,
     progress: ProgressFn<'_>,
 ) -> Result<PathBuf, RankCacheError> {
-    let io = |op: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        let rank = plan.rank;
-        move |source| RankCacheError::Io {
-            rank,
-            op,
-            path,
-            source,
-        }
-    };
+    let io = |op: &'static str, path: &Path| RankCacheError::io(plan.rank, op, path);
     std::fs::create_dir_all(out_dir).map_err(io("create", out_dir))?;
     let existing = rank_file::rank_files(out_dir, plan.rank, plan.world)?;
     if !existing.is_empty() && opts.existing == ExistingRankFile::Refuse {
@@ -105,16 +96,7 @@ pub(super) fn finalize(
     partial: &Path,
     sums: &BlockChecksums,
 ) -> Result<PathBuf, RankCacheError> {
-    let io = |op: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        let rank = plan.rank;
-        move |source| RankCacheError::Io {
-            rank,
-            op,
-            path,
-            source,
-        }
-    };
+    let io = |op: &'static str, path: &Path| RankCacheError::io(plan.rank, op, path);
     // The directory may have gained a file while we wrote: check again.
     let existing = rank_file::rank_files(out_dir, plan.rank, plan.world)?;
     if !existing.is_empty() {

@@ -97,19 +97,8 @@ fn fill_chunk(
             let p0 = start.max(o) - o;
             let p1 = end.min(o + n) - o;
             let dst = &mut buf[(o + p0 - start) as usize..(o + p1 - start) as usize];
-            let shard = match e.source {
-                SourceRange::Contiguous { shard, .. }
-                | SourceRange::Strided { shard, .. }
-                | SourceRange::WidenF16 { shard, .. } => shard,
-            };
-            copy_piece(e, &files[shard], p0, p1, dst, scratch).map_err(|source| {
-                RankCacheError::ReadSource {
-                    rank: plan.rank,
-                    key: e.row.key.clone(),
-                    path: plan.checkpoint.shards[shard].path.clone(),
-                    source,
-                }
-            })?;
+            copy_piece(e, &files[e.source.shard()], p0, p1, dst, scratch)
+                .map_err(RankCacheError::read_source(plan, e))?;
         }
         i += 1;
     }
@@ -137,12 +126,8 @@ pub(super) fn for_each_chunk(
         .shards
         .iter()
         .map(|s| {
-            crate::safe_fs::open_regular(&s.path).map_err(|source| RankCacheError::Io {
-                rank: plan.rank,
-                op: "open",
-                path: s.path.clone(),
-                source,
-            })
+            crate::safe_fs::open_regular(&s.path)
+                .map_err(RankCacheError::io(plan.rank, "open", &s.path))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let chunk = chunk_len(opts);

@@ -143,6 +143,38 @@ pub enum RankCacheError {
     },
 }
 
+impl RankCacheError {
+    /// The error of `op` on `path` for `rank`, to map an I/O error with.
+    pub(super) fn io(
+        rank: usize,
+        op: &'static str,
+        path: &std::path::Path,
+    ) -> impl FnOnce(std::io::Error) -> Self + use<> {
+        let path = path.to_path_buf();
+        move |source| Self::Io {
+            rank,
+            op,
+            path,
+            source,
+        }
+    }
+
+    /// The error of reading entry `e`'s bytes from its shard for `plan`.
+    pub(super) fn read_source(
+        plan: &plan::RankCachePlan,
+        e: &plan::PlannedEntry,
+    ) -> impl FnOnce(std::io::Error) -> Self + use<> {
+        let (rank, key) = (plan.rank, e.row.key.clone());
+        let path = plan.checkpoint.shards[e.source.shard()].path.clone();
+        move |source| Self::ReadSource {
+            rank,
+            key,
+            path,
+            source,
+        }
+    }
+}
+
 /// What to do when the output directory already holds a file for this rank and world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExistingRankFile {

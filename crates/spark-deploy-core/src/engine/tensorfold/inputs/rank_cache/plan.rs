@@ -42,6 +42,18 @@ pub enum SourceRange {
     },
 }
 
+impl SourceRange {
+    /// The shard the bytes come from (an index into the plan's checkpoint).
+    #[must_use]
+    pub fn shard(&self) -> usize {
+        match *self {
+            Self::Contiguous { shard, .. }
+            | Self::Strided { shard, .. }
+            | Self::WidenF16 { shard, .. } => shard,
+        }
+    }
+}
+
 /// One entry of the planned rank file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedEntry {

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use super::build::finalize;
 use super::checksum::BlockChecksums;
 use super::copy::{chunk_len, copy_piece};
-use super::plan::{RankCachePlan, SourceRange};
+use super::plan::RankCachePlan;
 use super::{
     Cancelled, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase, RankCacheProgress,
 };
@@ -50,15 +50,6 @@ pub struct StreamedRank {
     pub path: PathBuf,
     /// Shards found written in the journal (0 for a fresh build).
     pub resumed_shards: usize,
-}
-
-/// The shard an entry's bytes come from.
-fn shard_of(source: &SourceRange) -> usize {
-    match *source {
-        SourceRange::Contiguous { shard, .. }
-        | SourceRange::Strided { shard, .. }
-        | SourceRange::WidenF16 { shard, .. } => shard,
-    }
 }
 
 fn journal_name(rank: usize, world: usize) -> String {
@@ -84,14 +75,12 @@ struct Partial<'a> {
 }
 
 impl<'a> Partial<'a> {
-    fn io(&self, op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RankCacheError {
-        let (rank, path) = (self.plan.rank, path.to_path_buf());
-        move |source| RankCacheError::Io {
-            rank,
-            op,
-            path,
-            source,
-        }
+    fn io(
+        &self,
+        op: &'static str,
+        path: &Path,
+    ) -> impl FnOnce(std::io::Error) -> RankCacheError + use<> {
+        RankCacheError::io(self.plan.rank, op, path)
     }
 
     /// Opens the partial of `plan` in `out_dir`, resuming what its journal records.
@@ -100,22 +89,14 @@ impl<'a> Partial<'a> {
         out_dir: &Path,
         opts: &RankCacheOptions,
     ) -> Result<Self, RankCacheError> {
-        let err = |op: &'static str, path: &Path| {
-            let (rank, path) = (plan.rank, path.to_path_buf());
-            move |source| RankCacheError::Io {
-                rank,
-                op,
-                path,
-                source,
-            }
-        };
+        let err = |op: &'static str, path: &Path| RankCacheError::io(plan.rank, op, path);
         std::fs::create_dir_all(out_dir).map_err(err("create", out_dir))?;
         let path = out_dir.join(rank_file::partial_name(plan.rank, plan.world));
         let journal_path = out_dir.join(journal_name(plan.rank, plan.world));
         let shards = plan.checkpoint.shards.len();
         let mut by_shard = vec![Vec::new(); shards];
         for (i, e) in plan.entries.iter().enumerate() {
-            by_shard[shard_of(&e.source)].push(i);
+            by_shard[e.source.shard()].push(i);
         }
         let names = |i: usize| {
             plan.checkpoint.shards[i]
@@ -273,14 +254,8 @@ impl<'a> Partial<'a> {
             while p0 < e.row.bytes {
                 let p1 = (p0 + chunk).min(e.row.bytes);
                 buf.resize(usize::try_from(p1 - p0).unwrap_or(usize::MAX), 0);
-                copy_piece(e, src, p0, p1, buf, scratch).map_err(|source| {
-                    RankCacheError::ReadSource {
-                        rank: plan.rank,
-                        key: e.row.key.clone(),
-                        path: plan.checkpoint.shards[shard].path.clone(),
-                        source,
-                    }
-                })?;
+                copy_piece(e, src, p0, p1, buf, scratch)
+                    .map_err(RankCacheError::read_source(plan, e))?;
                 self.file
                     .write_all_at(buf, e.row.offset + p0)
                     .map_err(self.io("write", &self.path))?;
@@ -415,39 +390,39 @@ pub fn build_rank_caches_streaming(
             })?;
         // Each rank file on its own thread: a shard's entries go to every rank at once.
         let src = &src;
-        let results: Vec<Result<(), RankCacheError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = partials
-                .iter_mut()
-                .filter(|p| !p.done[s])
-                .map(|p| {
-                    scope.spawn(move || {
-                        let (mut buf, mut scratch) = (Vec::new(), Vec::new());
-                        p.write_shard(s, src, chunk, &mut buf, &mut scratch)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or(Err(RankCacheError::WorkerPanicked { rank: first.rank }))
-                })
-                .collect()
-        });
-        results.into_iter().collect::<Result<Vec<()>, _>>()?;
+        on_threads(
+            first.rank,
+            partials.iter_mut().filter(|p| !p.done[s]).map(|p| {
+                move || {
+                    let (mut buf, mut scratch) = (Vec::new(), Vec::new());
+                    p.write_shard(s, src, chunk, &mut buf, &mut scratch)
+                }
+            }),
+        )?;
         report(&partials, progress)?;
     }
     // The trailers, syncs and final names, every rank at once too.
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = partials
+    on_threads(
+        first.rank,
+        partials
             .into_iter()
-            .map(|p| scope.spawn(move || p.finish(out_dir, opts)))
-            .collect();
+            .map(|p| move || p.finish(out_dir, opts)),
+    )
+}
+
+/// Runs every job on its own scoped thread; their results in order, or the first error (a
+/// panicked job as [`RankCacheError::WorkerPanicked`] for `rank`).
+fn on_threads<T: Send, F: FnOnce() -> Result<T, RankCacheError> + Send>(
+    rank: usize,
+    jobs: impl Iterator<Item = F>,
+) -> Result<Vec<T>, RankCacheError> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs.map(|job| scope.spawn(job)).collect();
         handles
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or(Err(RankCacheError::WorkerPanicked { rank: first.rank }))
+                    .unwrap_or(Err(RankCacheError::WorkerPanicked { rank }))
             })
             .collect()
     })
