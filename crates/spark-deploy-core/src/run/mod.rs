@@ -2,7 +2,10 @@
 //!
 //! # Guarantees
 //!
-//! - Steps run in plan order; the first failure stops the run.
+//! - Steps run in plan order; the first failure stops the run. The preparation steps
+//!   (FetchCheckpoint, BuildRankCache, ConfigureWorkerStorage, BuildImage) run at the same time
+//!   when `lifecycle.overlap` is on (`overlap`): each uses a file the moment it is final, and the
+//!   first of them to fail stops the others.
 //! - Both ranks or neither: when LaunchRank or Smoke fails (a rank exits, readiness times out,
 //!   the generation is wrong), every rank container of the deployment is stopped, rank 0 first,
 //!   and its log saved before the error is returned; after any other failure, the ranks this run
