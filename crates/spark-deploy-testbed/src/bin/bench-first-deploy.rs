@@ -371,6 +371,30 @@ async fn bench(info: &TestbedInfo) -> R<()> {
             s.stage, s.start, s.end, s.label
         );
     }
+    // What serialises after the download: each stage's end, from the same spans.
+    let end_of = |stage: &str, label: &str| {
+        spans
+            .iter()
+            .filter(|s| s.stage == stage && s.label.contains(label))
+            .map(|s| (s.start, s.end))
+            .fold(None, |acc: Option<(f64, f64)>, (a, b)| {
+                Some(acc.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
+            })
+    };
+    let fetch_end = end_of("download", "step").map_or(0.0, |s| s.1);
+    let ranks_final = end_of("build", "of").map_or(0.0, |s| s.1);
+    let rank_copy = end_of("copy", ".bin").unwrap_or((0.0, 0.0));
+    let copy_end = end_of("copy", "step").map_or(0.0, |s| s.1);
+    let image_end = end_of("image", "step").map_or(0.0, |s| s.1);
+    println!(
+        "after the download ({fetch_end:.2} s): rank files final +{:.2} s, rank-file copy from +{:.2} to +{:.2} s, every copy done +{:.2} s, image +{:.2} s, serving +{:.2} s",
+        ranks_final - fetch_end,
+        rank_copy.0 - fetch_end,
+        rank_copy.1 - fetch_end,
+        copy_end - fetch_end,
+        image_end - fetch_end,
+        overlapped - fetch_end
+    );
     let chart_path = std::env::var_os("BENCH_CHART").map_or_else(
         || PathBuf::from("target/bench-first-deploy.png"),
         PathBuf::from,
