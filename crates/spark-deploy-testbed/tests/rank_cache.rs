@@ -439,6 +439,14 @@ fn index_only_writes_nothing_and_names_the_built_file() {
     let side = spark_deploy_core::engine::tensorfold::inputs::read_sidecar(&f).unwrap();
     assert_eq!(side["file"], plan.file_name.as_str());
     assert_eq!(side["rank"], 1);
+    // The whole file's sha256, taken from the chunks as 4 threads wrote them (256 KiB chunks:
+    // many, finishing out of order), is recorded and holds for the file as it stands.
+    let bytes = std::fs::read(&f).unwrap();
+    assert!(bytes.len() > 16 * (256 << 10), "{} bytes", bytes.len());
+    assert_eq!(
+        spark_deploy_core::engine::tensorfold::inputs::rank_cache::content::recorded_sha256(&f),
+        Some(hex::encode(Sha256::digest(&bytes)))
+    );
     // no DSpark: a different index, no mtp entries
     let nd = plan_rank_cache(model, 1, 2, &RankCacheOptions { dspark: false, ..o }).unwrap();
     assert!(!nd.index_json.contains("mtp."));

@@ -187,6 +187,27 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&code.stdout), "401");
     }
 
+    /// A rank file whose sidecar records its sha256 (as the build leaves it) is not read on the
+    /// head: the recorded sum is used while the file is unchanged, and the file is hashed again
+    /// once it changed.
+    #[tokio::test]
+    async fn a_recorded_sum_spares_the_head_reading_the_file() {
+        use crate::engine::tensorfold::inputs::rank_cache::content;
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("rank1of4-0123.bin");
+        std::fs::write(&f, b"rank bytes").unwrap();
+        // Not the bytes' sum: only a head that takes the record without reading returns it.
+        let recorded = "ab".repeat(32);
+        content::record_sha256(&f, &recorded).unwrap();
+        let cache = d.path().join("hashes.tsv");
+        let got = pull::source_hashes(vec![f.clone()], &cache).await.unwrap();
+        assert_eq!(got, vec![recorded]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&f, b"rank bytez").unwrap();
+        let got = pull::source_hashes(vec![f.clone()], &cache).await.unwrap();
+        assert_eq!(got, vec![crate::digest::sha256_hex(b"rank bytez")]);
+    }
+
     /// A transfer that ends early (here: one file fails) has already recorded the files that
     /// arrived whole, so the next run sends only the rest.
     #[tokio::test]

@@ -76,7 +76,8 @@ fn lfs_blob_name(path: &Path) -> Option<String> {
     .then(|| name.to_owned())
 }
 
-/// sha256 of a head file (the name of an HF cache blob), cached by (path, size, mtime) in `cache` so re-runs do not re-hash.
+/// sha256 of a head file: the name of an HF cache blob, the sum a rank file's sidecar records,
+/// else read and cached by (path, size, mtime) in `cache` so re-runs do not re-hash.
 fn head_sha(path: &Path, cache: &mut HashMap<String, String>) -> Result<String, TransferError> {
     let err = |source| TransferError::Source {
         path: path.to_owned(),
@@ -92,6 +93,13 @@ fn head_sha(path: &Path, cache: &mut HashMap<String, String>) -> Result<String, 
     // to read it; the worker's check on arrival still catches a blob damaged since.
     if let Some(name) = lfs_blob_name(path) {
         return Ok(name);
+    }
+    // A rank file records its own sha256 in its sidecar, taken by the build from the bytes it
+    // wrote and valid while the file's stamp (inode, size, mtime, ctime) is the recorded one: the
+    // head never reads a rank file again to ship it.
+    if let Some(sum) = crate::engine::tensorfold::inputs::rank_cache::content::recorded_sha256(path)
+    {
+        return Ok(sum);
     }
     let key = format!("{}\t{}\t{mtime}", path.display(), meta.len());
     if let Some(s) = cache.get(&key) {

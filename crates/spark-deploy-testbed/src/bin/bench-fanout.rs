@@ -5,11 +5,18 @@
 //!
 //! Each worker receives what a four-node deployment ships it: its own rank file
 //! (`BENCH_RANK_MIB`, default 128 MiB) and the files every worker shares (kit, Engram tables,
-//! token map: `BENCH_SHARED_MIB`, default 64 MiB in 4 files). Both runs start from an empty head
-//! hash cache and empty destinations, and include the `sync` that puts the bytes on disk: the
-//! testbed's workers share one disk, so the goal (three ≤ 1.3 × one) is met only when the pulls
-//! overlap instead of queueing. Each run's head hashing (every source read once) and transfer are
-//! also shown apart, with the transfer-only ratio; the last line is the whole step's ratio.
+//! token map: `BENCH_SHARED_MIB`, default 64 MiB in 4 files). A rank file carries the sidecar a
+//! rank-file build leaves (`rank_cache::content::record_sha256`, fed by a hash taken while the file
+//! was written), so the head reads only the shared files' hashes, as on a real deployment. Both
+//! runs start from an empty head hash cache and empty destinations, and include the `sync` that
+//! puts the bytes on disk. Each run's head hashing and transfer are also shown apart, with the
+//! transfer-only ratio.
+//!
+//! The testbed's workers share one disk and the machine's cores: each run also prints the CPU
+//! time the whole machine spent (busy and iowait, from `/proc/stat`) and the bytes written to the
+//! disk (from the block device's `stat`), and a reference measured in the same run: the same
+//! bytes copied locally onto the workers' disk (`cp`, one per worker at once, then `sync`), the
+//! floor of that disk for one and for three destinations. The last line is the whole step's ratio.
 //!
 //! `cargo run --release -p spark-deploy-testbed --bin bench-fanout` (needs root and Docker; run
 //! under the testbed lock). A testbed with three workers that is already up is reused and left
@@ -20,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use spark_deploy_core::engine::tensorfold::inputs::rank_cache::content;
 use spark_deploy_core::ports::exec::Exec;
 use spark_deploy_core::transfer::{FileJob, expand, fan_out, pull};
 use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions};
@@ -40,9 +48,103 @@ fn sync_fs() {
     let _ = Command::new("sync").status();
 }
 
-/// A file of `mib` MiB whose bytes differ by `seed` (no two files alike).
-fn write_file(path: &Path, mib: u64, seed: u64) -> R<()> {
+/// The load average (1, 5, 15 minutes) as `/proc/loadavg` gives it.
+fn load_average() -> String {
+    fs_err::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// What the machine did: CPU seconds (busy, iowait; all cores) and bytes written to one disk.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    busy: f64,
+    iowait: f64,
+    /// This process (the head: file servers, hashing, SSH sessions' I/O).
+    head: f64,
+    /// The worker containers (curl, tee, the hash, sshd): Docker's cgroup.
+    workers: Option<f64>,
+    written: u64,
+}
+
+impl Usage {
+    /// Now, for the block device holding `dir`.
+    fn now(dir: &Path) -> Self {
+        let ticks = 100.0; // USER_HZ
+        let cpu: Vec<f64> = fs_err::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().next().map(str::to_owned))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .filter_map(|v| v.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let field = |i: usize| cpu.get(i).copied().unwrap_or(0.0) / ticks;
+        // user nice system idle iowait irq softirq steal
+        let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
+        // The block device of `dir` (its `stat`'s 7th field: sectors written).
+        let sectors: u64 = fs_err::metadata(dir)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::dev(&m))
+            .and_then(|dev| {
+                let (major, minor) = ((dev >> 8) & 0xfff, (dev & 0xff) | ((dev >> 12) & !0xff));
+                fs_err::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()
+            })
+            .and_then(|s| s.split_whitespace().nth(6).and_then(|v| v.parse().ok()))
+            .unwrap_or(0);
+        // utime and stime (fields 14 and 15; the name in field 2 has no spaces here).
+        let head = fs_err::read_to_string("/proc/self/stat")
+            .ok()
+            .map(|s| {
+                let v: Vec<&str> = s.split_whitespace().collect();
+                let f = |i: usize| v.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+                (f(13) + f(14)) / ticks
+            })
+            .unwrap_or(0.0);
+        let workers = fs_err::read_to_string("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage")
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .map(|ns| ns / 1e9);
+        Self {
+            busy,
+            iowait: field(4),
+            head,
+            workers,
+            written: sectors * 512,
+        }
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            busy: self.busy - before.busy,
+            iowait: self.iowait - before.iowait,
+            head: self.head - before.head,
+            workers: self.workers.zip(before.workers).map(|(a, b)| a - b),
+            written: self.written.saturating_sub(before.written),
+        }
+    }
+
+    fn show(&self) -> String {
+        format!(
+            "CPU: machine busy {:.2} s + iowait {:.2} s, of which head {:.2} s, worker containers {}; {:.0} MiB written to disk",
+            self.busy,
+            self.iowait,
+            self.head,
+            self.workers
+                .map_or_else(|| "n/a".to_owned(), |w| format!("{w:.2} s")),
+            self.written as f64 / MIB as f64
+        )
+    }
+}
+
+/// A file of `mib` MiB whose bytes differ by `seed` (no two files alike). Returns its sha256,
+/// taken from the bytes as they are written.
+fn write_file(path: &Path, mib: u64, seed: u64) -> R<String> {
+    use sha2::Digest as _;
     use std::io::Write as _;
+    let mut sum = sha2::Sha256::new();
     let mut f = std::io::BufWriter::new(fs_err::File::create(path)?);
     let mut block = vec![0u8; MIB as usize];
     for i in 0..mib {
@@ -54,9 +156,10 @@ fn write_file(path: &Path, mib: u64, seed: u64) -> R<()> {
             chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
         }
         f.write_all(&block)?;
+        sum.update(&block);
     }
     f.flush()?;
-    Ok(())
+    Ok(hex::encode(sum.finalize()))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -88,11 +191,12 @@ fn remove_bench_files(info: &TestbedInfo) {
     }
 }
 
-/// How long one run took: reading the head's source hashes (an empty cache: every file is read
-/// once), then the transfers (`sync` included).
+/// How long one run took: reading the head's source hashes (an empty cache: every file without a
+/// recorded sum is read once), then the transfers (`sync` included); and what the machine did.
 struct Timing {
     hash: f64,
     transfer: f64,
+    usage: Usage,
 }
 
 impl Timing {
@@ -133,6 +237,7 @@ async fn feed(
         .join("bench-fanout")
         .join(format!("hashes-{run}.tsv"));
     sync_fs();
+    let before = Usage::now(&info.workers[workers[0]].disk_dir);
     // What `feed` does first, timed on its own: the head's hashes of every source, read once.
     let t = Instant::now();
     let mut sources: Vec<PathBuf> = workers
@@ -155,6 +260,7 @@ async fn feed(
     .await?;
     sync_fs();
     let transfer = t.elapsed().as_secs_f64();
+    let usage = Usage::now(&info.workers[workers[0]].disk_dir).since(before);
     for r in results {
         let s = r?;
         if s.sent != s.files {
@@ -165,7 +271,46 @@ async fn feed(
             .into());
         }
     }
-    Ok(Timing { hash, transfer })
+    Ok(Timing {
+        hash,
+        transfer,
+        usage,
+    })
+}
+
+/// The reference: every worker's payload copied locally (a `cp` a worker, all at once) into its
+/// disk directory, then `sync`. Returns the seconds and what the machine did.
+fn local_copy(info: &TestbedInfo, src: &Path, workers: &[usize]) -> R<(f64, Usage)> {
+    sync_fs();
+    let before = Usage::now(&info.workers[workers[0]].disk_dir);
+    let t = Instant::now();
+    let children = workers
+        .iter()
+        .map(|&i| {
+            let dest = info.workers[i]
+                .disk_dir
+                .join("bench-fanout")
+                .join(format!("cp-{}", workers.len()));
+            fs_err::create_dir_all(&dest)?;
+            Ok(Command::new("cp")
+                .arg("-r")
+                .arg(src.join("shared"))
+                .arg(src.join(format!("rank{}of4.bin", i + 1)))
+                .arg(&dest)
+                .spawn()?)
+        })
+        .collect::<R<Vec<_>>>()?;
+    for mut c in children {
+        if !c.wait()?.success() {
+            return Err("cp failed".into());
+        }
+    }
+    sync_fs();
+    let secs = t.elapsed().as_secs_f64();
+    Ok((
+        secs,
+        Usage::now(&info.workers[workers[0]].disk_dir).since(before),
+    ))
 }
 
 async fn bench(info: &TestbedInfo) -> R<()> {
@@ -189,7 +334,10 @@ async fn bench(info: &TestbedInfo) -> R<()> {
         )?;
     }
     for rank in 1..=3u64 {
-        write_file(&src.join(format!("rank{rank}of4.bin")), rank_mib, rank)?;
+        let file = src.join(format!("rank{rank}of4.bin"));
+        let sum = write_file(&file, rank_mib, rank)?;
+        // The sidecar a rank-file build leaves: the sum taken as the file was written.
+        content::record_sha256(&file, &sum)?;
     }
     sync_fs();
     let mut execs = Vec::with_capacity(info.workers.len());
@@ -224,22 +372,39 @@ async fn bench(info: &TestbedInfo) -> R<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let load = load_average();
     let one = feed(info, &execs, &[0], &jobs_for("one")?, "one").await?;
     let three = feed(info, &execs, &[0, 1, 2], &jobs_for("three")?, "three").await?;
+    let local_one = local_copy(info, &src, &[0])?;
+    let local_three = local_copy(info, &src, &[0, 1, 2])?;
     let rate = |mib: u64, s: f64| mib as f64 / s;
     println!(
-        "one worker   : {:7.2} s  {:8.1} MiB/s  ({per_worker} MiB to worker-1; head hashes {:.2} s + transfer {:.2} s)",
+        "load average before the runs: {load}; after: {}",
+        load_average()
+    );
+    println!(
+        "one worker   : {:7.2} s  {:8.1} MiB/s  ({per_worker} MiB to worker-1; head hashes {:.2} s + transfer {:.2} s; {})",
         one.total(),
         rate(per_worker, one.total()),
         one.hash,
-        one.transfer
+        one.transfer,
+        one.usage.show()
     );
     println!(
-        "three workers: {:7.2} s  {:8.1} MiB/s  ({per_worker} MiB to each of worker-1..3 at once; head hashes {:.2} s + transfer {:.2} s)",
+        "three workers: {:7.2} s  {:8.1} MiB/s  ({per_worker} MiB to each of worker-1..3 at once; head hashes {:.2} s + transfer {:.2} s; {})",
         three.total(),
         rate(3 * per_worker, three.total()),
         three.hash,
-        three.transfer
+        three.transfer,
+        three.usage.show()
+    );
+    println!(
+        "disk floor, local cp of the same bytes onto the workers' disk + sync: one {:.2} s, three {:.2} s = {:.2}x ({} / {})",
+        local_one.0,
+        local_three.0,
+        local_three.0 / local_one.0,
+        local_one.1.show(),
+        local_three.1.show()
     );
     println!(
         "transfer only (hashes already known): three / one = {:.2}x",

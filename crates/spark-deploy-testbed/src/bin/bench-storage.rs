@@ -34,6 +34,13 @@ fn sync_fs() {
     let _ = Command::new("sync").status();
 }
 
+/// The load average (1, 5, 15 minutes) as `/proc/loadavg` gives it.
+fn load_average() -> String {
+    fs_err::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> R<()> {
     let opts = TestbedOptions {
@@ -118,6 +125,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         j.from = blob;
     }
     sync_fs();
+    let load = load_average();
     let streams: usize = std::env::var("BENCH_STREAMS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -198,11 +206,6 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         mib(cp)
     );
     println!(
-        "ratio ours/rsync = {:.2}x   ours/cp = {:.2}x",
-        rsync / ours,
-        cp / ours
-    );
-    println!(
         "up-to-date re-run: {} of {} files sent in {rerun:.2} s",
         again.sent, again.files
     );
@@ -230,6 +233,15 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         again39.sent,
         again39.bytes_sent,
         t.elapsed().as_secs_f64()
+    );
+    println!(
+        "load average before the copies: {load}; after: {}",
+        load_average()
+    );
+    println!(
+        "ratio ours/rsync = {:.2}x   ours/cp = {:.2}x",
+        rsync / ours,
+        cp / ours
     );
     Ok(())
 }

@@ -5,13 +5,16 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::checksum::BlockChecksums;
-use super::copy::{chunk_len, for_each_chunk};
+use super::content::InOrderSha256;
+use super::copy::{chunk_len, for_each_chunk_until};
 use super::plan::RankCachePlan;
 use super::{ExistingRankFile, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase};
 use crate::engine::tensorfold::inputs::rank_file;
 
 /// Writes the planned rank file into `out_dir`: `.rank{R}of{W}.partial`, fsync, rename to
-/// [`RankCachePlan::file_name`], fsync of the directory. Returns the final path.
+/// [`RankCachePlan::file_name`], fsync of the directory. Returns the final path. The sidecar
+/// records each block's CRC-32 and the whole file's sha256 (see [`super::content`]), both taken
+/// from the bytes as they are written.
 ///
 /// # Errors
 /// [`RankCacheError::Exists`] when `out_dir` already holds a `rank{R}of{W}-*.bin` (unless
@@ -40,6 +43,10 @@ pub fn build_rank_cache(
     let blocks = usize::try_from(plan.data_bytes.div_ceil(block)).unwrap_or(usize::MAX);
     let crcs = std::sync::Mutex::new(Vec::new());
     let partial = out_dir.join(rank_file::partial_name(plan.rank, plan.world));
+    // The whole file's sha256, fed in order on a thread of its own (no second read); callers
+    // run at most one chunk a thread ahead of it.
+    let sha = InOrderSha256::start(opts.threads.clamp(1, 64) + 1);
+    let stop = std::sync::atomic::AtomicBool::new(false);
     // Exclusive and never through a symlink planted at the partial's name.
     let out = crate::safe_fs::create_exclusive(&partial, 0o644).map_err(io("create", &partial))?;
     let result = (|| {
@@ -62,30 +69,42 @@ pub fn build_rank_cache(
             if let Some(slot) = all.get_mut(usize::try_from(start / block).unwrap_or(usize::MAX)) {
                 *slot = crc;
             }
+            drop(all);
+            if let Some(h) = &sha
+                && !h.feed(start / block, buf, &stop)
+            {
+                // Another chunk failed and will never come: the build is ending with its error.
+                return Err(RankCacheError::Cancelled { rank: plan.rank });
+            }
             Ok(())
         };
-        for_each_chunk(plan, opts, RankCachePhase::Write, progress, &sink)?;
+        for_each_chunk_until(plan, opts, RankCachePhase::Write, progress, &sink, &stop)?;
         let trailer = rank_file::trailer(plan.index_json.as_bytes(), plan.data_bytes);
         out.write_all_at(&trailer, plan.data_bytes)
             .map_err(io("write", &partial))?;
         out.sync_all().map_err(io("fsync", &partial))?;
-        Ok(())
+        Ok(trailer)
     })();
     drop(out);
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&partial);
-        return Err(e);
-    }
+    let trailer = match result {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    let file_sha256 = sha.and_then(|h| h.finish(&trailer));
     let sums = BlockChecksums {
         block_bytes: block,
         crc32: crcs.into_inner().unwrap_or_default(),
     };
-    finalize(plan, out_dir, opts, &partial, &sums)
+    finalize(plan, out_dir, opts, &partial, &sums, file_sha256.as_deref())
 }
 
 /// Gives a written and synced `partial` its final name [`RankCachePlan::file_name`] in `out_dir`
 /// (after moving older files for the rank aside, or refusing, as `opts.existing` says), writes
-/// the sidecar with `sums`, and syncs the directory. Returns the final path.
+/// the sidecar with `sums` and, when known, the whole file's sha256, and syncs the directory.
+/// Returns the final path.
 ///
 /// # Errors
 /// [`RankCacheError::Exists`] or an I/O failure; `partial` is removed when refused.
@@ -95,6 +114,7 @@ pub(super) fn finalize(
     opts: &RankCacheOptions,
     partial: &Path,
     sums: &BlockChecksums,
+    file_sha256: Option<&str>,
 ) -> Result<PathBuf, RankCacheError> {
     let io = |op: &'static str, path: &Path| RankCacheError::io(plan.rank, op, path);
     // The directory may have gained a file while we wrote: check again.
@@ -123,6 +143,14 @@ pub(super) fn finalize(
     }
     let dest = out_dir.join(&plan.file_name);
     std::fs::rename(partial, &dest).map_err(io("rename", partial))?;
+    // Stamped after the rename (which moves the ctime), as the head will find the file.
+    let content = match file_sha256 {
+        Some(sum) => Some(super::content::to_json(
+            sum,
+            &std::fs::metadata(&dest).map_err(io("stat", &dest))?,
+        )),
+        None => None,
+    };
     let side = sidecar_path(&dest);
     let side_tmp = out_dir.join(format!(
         ".{}.partial",
@@ -134,6 +162,7 @@ pub(super) fn finalize(
             opts.source_label.as_deref(),
             opts.overlay.as_deref(),
             Some(sums),
+            content,
         ),
     )
     .map_err(io("write", &side_tmp))?;

@@ -121,6 +121,19 @@ pub(super) fn for_each_chunk(
     progress: ProgressFn<'_>,
     sink: &ChunkSink<'_>,
 ) -> Result<(), RankCacheError> {
+    for_each_chunk_until(plan, opts, phase, progress, sink, &AtomicBool::new(false))
+}
+
+/// [`for_each_chunk`], with the flag it sets when it stops early (an error, a cancellation)
+/// visible to `sink`: a sink that waits for another chunk gives up once `stop` is set.
+pub(super) fn for_each_chunk_until(
+    plan: &RankCachePlan,
+    opts: &RankCacheOptions,
+    phase: RankCachePhase,
+    progress: ProgressFn<'_>,
+    sink: &ChunkSink<'_>,
+    stop: &AtomicBool,
+) -> Result<(), RankCacheError> {
     let files = plan
         .checkpoint
         .shards
@@ -134,7 +147,6 @@ pub(super) fn for_each_chunk(
     let total = plan.data_bytes;
     let n_chunks = total.div_ceil(chunk);
     let next = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
     let threads = opts.threads.clamp(1, 64).min(n_chunks.max(1) as usize);
     let (tx, rx) = mpsc::sync_channel::<Result<u64, RankCacheError>>(threads * 2);
     let mut first_err: Option<RankCacheError> = None;
@@ -144,7 +156,7 @@ pub(super) fn for_each_chunk(
         let mut handles = Vec::with_capacity(threads);
         for _ in 0..threads {
             let tx = tx.clone();
-            let (files, next, stop) = (&files, &next, &stop);
+            let (files, next) = (&files, &next);
             handles.push(scope.spawn(move || {
                 let mut buf = Vec::new();
                 let mut scratch = Vec::new();

@@ -12,6 +12,9 @@
 //! - `stream`: [`build_rank_caches_streaming`] writes every rank's entries shard by shard as the
 //!   shards arrive (plans made from headers read ahead), journalled so an interrupted build
 //!   resumes after the last shard it synced.
+//! - `content`: the sha256 of the whole file, hashed in order from the chunks the build writes and
+//!   recorded in the sidecar with the file's stamp, so shipping the file to a worker does not
+//!   read it again on the head ([`content::recorded_sha256`]).
 //! - `checksum`: the CRC-32 of every block of the data section, recorded in the sidecar by the
 //!   build and checked at [`VerifyLevel::Checksums`] (the level `up` uses before launch).
 //! - `verify`: [`verify_rank_cache`] checks an existing file's index and, at
@@ -27,6 +30,7 @@ use super::split_plan::SplitPlanError;
 
 mod build;
 pub mod checksum;
+pub mod content;
 mod copy;
 mod plan;
 pub mod stamp;

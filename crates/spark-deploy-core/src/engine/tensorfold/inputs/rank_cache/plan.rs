@@ -98,13 +98,15 @@ impl RankCachePlan {
     }
 
     /// The sidecar written next to a built file (`<file>.source.json`): the index hash, the split,
-    /// `source_label`, and the data section's block checksums.
+    /// `source_label`, the data section's block checksums, and `content`: the whole file's sha256
+    /// with the stamp it was taken at ([`super::content::to_json`]).
     #[must_use]
     pub fn sidecar_json(
         &self,
         source_label: Option<&str>,
         overlay: Option<&Path>,
         checksums: Option<&BlockChecksums>,
+        content: Option<serde_json::Value>,
     ) -> String {
         serde_json::json!({
             "file": self.file_name,
@@ -117,6 +119,7 @@ impl RankCachePlan {
             "overlay": overlay.map(|p| p.display().to_string()),
             "source": source_label,
             checksum::SIDECAR_KEY: checksums.map(BlockChecksums::to_json),
+            super::content::SIDECAR_KEY: content,
         })
         .to_string()
     }

@@ -37,14 +37,14 @@ impl Stamp {
         }
     }
 
-    fn line(&self) -> String {
+    pub(super) fn line(&self) -> String {
         format!(
             "{} {} {} {} {}\n",
             self.dev, self.ino, self.size, self.mtime_ns, self.ctime_ns
         )
     }
 
-    fn parse(text: &str) -> Option<Self> {
+    pub(super) fn parse(text: &str) -> Option<Self> {
         let mut f = text.split_whitespace();
         let s = Self {
             dev: f.next()?.parse().ok()?,

@@ -309,7 +309,7 @@ impl<'a> Partial<'a> {
             ..
         } = self;
         drop((file, journal));
-        let dest = finalize(plan, out_dir, opts, &path, &sums)?;
+        let dest = finalize(plan, out_dir, opts, &path, &sums, None)?;
         let _ = std::fs::remove_file(&journal_path);
         Ok(StreamedRank {
             rank: plan.rank,
