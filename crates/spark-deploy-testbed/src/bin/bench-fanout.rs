@@ -62,14 +62,14 @@ struct Usage {
     iowait: f64,
     /// This process (the head: file servers, hashing, SSH sessions' I/O).
     head: f64,
-    /// The worker containers (curl, tee, the hash, sshd): Docker's cgroup.
+    /// The testbed's worker containers (the receivers, sshd): their cgroups.
     workers: Option<f64>,
     written: u64,
 }
 
 impl Usage {
-    /// Now, for the block device holding `dir`.
-    fn now(dir: &Path) -> Self {
+    /// Now, for the block device holding `dir` and the containers whose cgroups are `cgroups`.
+    fn now(dir: &Path, cgroups: &[PathBuf]) -> Self {
         let ticks = 100.0; // USER_HZ
         let cpu: Vec<f64> = fs_err::read_to_string("/proc/stat")
             .ok()
@@ -103,10 +103,16 @@ impl Usage {
                 (f(13) + f(14)) / ticks
             })
             .unwrap_or(0.0);
-        let workers = fs_err::read_to_string("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage")
-            .ok()
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .map(|ns| ns / 1e9);
+        let workers = cgroups
+            .iter()
+            .map(|c| {
+                fs_err::read_to_string(c.join("cpuacct.usage"))
+                    .ok()
+                    .and_then(|s| s.trim().parse::<f64>().ok())
+                    .map(|ns| ns / 1e9)
+            })
+            .sum::<Option<f64>>()
+            .filter(|_| !cgroups.is_empty());
         Self {
             busy,
             iowait: field(4),
@@ -137,6 +143,28 @@ impl Usage {
             self.written as f64 / MIB as f64
         )
     }
+}
+
+/// The CPU-accounting cgroups of the testbed's worker containers (cgroup v1, as Docker makes
+/// them here); none when they cannot be found.
+fn worker_cgroups(info: &TestbedInfo) -> &'static [PathBuf] {
+    static FOUND: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(|| find_worker_cgroups(info))
+}
+
+fn find_worker_cgroups(info: &TestbedInfo) -> Vec<PathBuf> {
+    info.workers
+        .iter()
+        .filter_map(|w| {
+            let out = Command::new("docker")
+                .args(["inspect", "-f", "{{.Id}}", &w.container])
+                .output()
+                .ok()?;
+            let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            let dir = Path::new("/sys/fs/cgroup/cpuacct/docker").join(id);
+            (out.status.success() && dir.join("cpuacct.usage").exists()).then_some(dir)
+        })
+        .collect()
 }
 
 /// A file of `mib` MiB whose bytes differ by `seed` (no two files alike). Returns its sha256,
@@ -237,7 +265,7 @@ async fn feed(
         .join("bench-fanout")
         .join(format!("hashes-{run}.tsv"));
     sync_fs();
-    let before = Usage::now(&info.workers[workers[0]].disk_dir);
+    let before = Usage::now(&info.workers[workers[0]].disk_dir, worker_cgroups(info));
     // What `feed` does first, timed on its own: the head's hashes of every source, read once.
     let t = Instant::now();
     let mut sources: Vec<PathBuf> = workers
@@ -260,7 +288,7 @@ async fn feed(
     .await?;
     sync_fs();
     let transfer = t.elapsed().as_secs_f64();
-    let usage = Usage::now(&info.workers[workers[0]].disk_dir).since(before);
+    let usage = Usage::now(&info.workers[workers[0]].disk_dir, worker_cgroups(info)).since(before);
     for r in results {
         let s = r?;
         if s.sent != s.files {
@@ -282,7 +310,7 @@ async fn feed(
 /// disk directory, then `sync`. Returns the seconds and what the machine did.
 fn local_copy(info: &TestbedInfo, src: &Path, workers: &[usize]) -> R<(f64, Usage)> {
     sync_fs();
-    let before = Usage::now(&info.workers[workers[0]].disk_dir);
+    let before = Usage::now(&info.workers[workers[0]].disk_dir, worker_cgroups(info));
     let t = Instant::now();
     let children = workers
         .iter()
@@ -309,7 +337,7 @@ fn local_copy(info: &TestbedInfo, src: &Path, workers: &[usize]) -> R<(f64, Usag
     let secs = t.elapsed().as_secs_f64();
     Ok((
         secs,
-        Usage::now(&info.workers[workers[0]].disk_dir).since(before),
+        Usage::now(&info.workers[workers[0]].disk_dir, worker_cgroups(info)).since(before),
     ))
 }
 
