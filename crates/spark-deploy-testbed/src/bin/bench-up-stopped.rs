@@ -11,6 +11,8 @@
 //!    `peak RSS <MiB> MiB (limit 512)`;
 //! 2. `down`, then `BENCH_ROUNDS` times (default 3): `up` (timed) and `down`.
 //!
+//! `BENCH_CHECKPOINTS=small` (or `large`) runs one size only, for a quick look (no ratio then).
+//!
 //! Every `up` is the CLI (`spark-deploy --json up`); its per-step durations come from the run
 //! report it prints last. The engine's load is the stand-in's time from the first rank
 //! container's start (`State.StartedAt`) to rank 0's `serving` line (Docker's timestamp of that
@@ -26,7 +28,9 @@
 //! Reuses a running testbed (never tearing down one it did not create) but refuses while a
 //! deployment runs on it. The generated hub repos are kept below the testbed's state directory
 //! (`bench-up-stopped/<size>/hub-repos`: generating the large one takes a while); the
-//! deployments' caches and worker copies are removed at the end.
+//! deployments' caches and worker copies are removed at the end. The events of each size's last
+//! timed `up` are kept in the testbed's cache directory, which `testbed down` keeps
+//! (`bench-up-stopped-<size>.events.jsonl`: where its time went, event by event).
 
 #![allow(clippy::print_stdout)]
 
@@ -63,6 +67,8 @@ struct CliRun {
     steps: BTreeMap<String, (String, f64)>,
     /// Peak resident set of the CLI process, bytes (`VmHWM`).
     peak_rss: u64,
+    /// Its stdout: the events as JSON lines, then the result document.
+    lines: Vec<String>,
 }
 
 fn load_avg() -> String {
@@ -150,6 +156,7 @@ fn cli(exe: &Path, config: &Path, verb: &str) -> R<CliRun> {
         wall_s,
         steps,
         peak_rss: peak,
+        lines,
     })
 }
 
@@ -260,6 +267,7 @@ async fn one_size(
     tag: &'static str,
     spec: CheckpointSpec,
     rounds: usize,
+    events_dir: &Path,
 ) -> R<SizeResult> {
     let dir = info.state_dir.join("bench-up-stopped").join(tag);
     remove_deployment_files(info, &dir, tag);
@@ -279,6 +287,7 @@ async fn one_size(
     let name = config.deployment.name.clone();
     validate(config, home)?;
     let (owned, p) = (exe.to_path_buf(), path.clone());
+    let events = events_dir.join(format!("bench-up-stopped-{tag}.events.jsonl"));
     // The CLI runs block: off the runtime, which serves the hub meanwhile.
     let result = tokio::task::spawn_blocking(move || -> R<SizeResult> {
         let path = p;
@@ -306,6 +315,13 @@ async fn one_size(
                 up.wall_s - load
             );
             cli(exe, &path, "down")?;
+            if round == rounds {
+                // Where the time of an `up` from stopped goes, event by event (kept after the run).
+                if let Some(d) = events.parent() {
+                    fs_err::create_dir_all(d)?;
+                }
+                fs_err::write(&events, up.lines.join("\n") + "\n")?;
+            }
             ups.push((up, load));
         }
         Ok(SizeResult {
@@ -388,25 +404,29 @@ async fn main() -> R<()> {
         }
         println!("reusing the testbed that is up: it stays up");
     }
-    let result = bench(&testbed.info, &exe).await;
+    let result = bench(&testbed.info, &exe, &opts.cache_dir).await;
     if testbed.origin == Origin::Created {
         cluster::down(&opts).await?;
     }
     result
 }
 
-async fn bench(info: &TestbedInfo, exe: &Path) -> R<()> {
+async fn bench(info: &TestbedInfo, exe: &Path, events_dir: &Path) -> R<()> {
     let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), PathBuf::from);
     let rounds: usize = std::env::var("BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    // `BENCH_CHECKPOINTS=small` for a quick look (no ratio then).
+    let wanted = std::env::var("BENCH_CHECKPOINTS").unwrap_or_else(|_| "small,large".into());
     let mut results = Vec::new();
     for (tag, spec) in [
         ("small", CheckpointSpec::small(5)),
         ("large", CheckpointSpec::large(5)),
     ] {
-        results.push(one_size(info, &home, exe, tag, spec, rounds).await?);
+        if wanted.split(',').any(|w| w.trim() == tag) {
+            results.push(one_size(info, &home, exe, tag, spec, rounds, events_dir).await?);
+        }
     }
     print_table(&results);
     for r in &results {
@@ -423,13 +443,12 @@ async fn bench(info: &TestbedInfo, exe: &Path) -> R<()> {
             o.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         );
     }
-    let (small, large) = (
-        median(results[0].overheads()),
-        median(results[1].overheads()),
-    );
-    println!(
-        "up from stopped, large / small overhead = {:.2}x",
-        large / small
-    );
+    if let [small, large] = &results[..] {
+        let (small, large) = (median(small.overheads()), median(large.overheads()));
+        println!(
+            "up from stopped, large / small overhead = {:.2}x",
+            large / small
+        );
+    }
     Ok(())
 }
