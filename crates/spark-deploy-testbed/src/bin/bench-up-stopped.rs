@@ -49,8 +49,10 @@ use spark_deploy_testbed::reuse::{self, Origin};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-/// The steps of `up`, in order, as the run report names them.
-const STEPS: [&str; 7] = [
+/// The steps of `up`, in order, as the run report names them, between the CLI's own time before
+/// the first event and after the last.
+const STEPS: [&str; 9] = [
+    "cli: start to first event",
     "preflight",
     "fetch_checkpoint",
     "build_rank_cache",
@@ -58,6 +60,7 @@ const STEPS: [&str; 7] = [
     "build_image",
     "launch_rank",
     "smoke",
+    "cli: last event to exit",
 ];
 
 /// What one CLI run gave.
@@ -69,6 +72,12 @@ struct CliRun {
     peak_rss: u64,
     /// Its stdout: the events as JSON lines, then the result document.
     lines: Vec<String>,
+}
+
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
 fn load_avg() -> String {
@@ -100,6 +109,7 @@ fn vm_hwm(pid: u32) -> Option<u64> {
 /// Runs `spark-deploy --config CONFIG --json VERB`, sampling its peak RSS until it exits.
 fn cli(exe: &Path, config: &Path, verb: &str) -> R<CliRun> {
     let t = Instant::now();
+    let spawned = unix_ms();
     let mut child = Command::new(exe)
         .arg("--config")
         .arg(config)
@@ -132,6 +142,7 @@ fn cli(exe: &Path, config: &Path, verb: &str) -> R<CliRun> {
         std::thread::sleep(Duration::from_millis(10));
     };
     let wall_s = t.elapsed().as_secs_f64();
+    let exited = unix_ms();
     let lines = lines.join().map_err(|_| "stdout reader panicked")?;
     let errs = errs.join().map_err(|_| "stderr reader panicked")?;
     if !status.success() {
@@ -151,6 +162,23 @@ fn cli(exe: &Path, config: &Path, verb: &str) -> R<CliRun> {
             let ms = s["duration_ms"].as_f64().unwrap_or(f64::NAN);
             steps.insert(name, (status, ms / 1000.0));
         }
+    }
+    // The process's own time outside the plan's events: before the first (start, config,
+    // plan) and after the last (result, exit).
+    let stamps: Vec<f64> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["ts_ms"].as_f64())
+        .collect();
+    if let (Some(first), Some(last)) = (stamps.first(), stamps.last()) {
+        steps.insert(
+            "cli: start to first event".into(),
+            ("-".into(), (first - spawned) / 1000.0),
+        );
+        steps.insert(
+            "cli: last event to exit".into(),
+            ("-".into(), (exited - last) / 1000.0),
+        );
     }
     Ok(CliRun {
         wall_s,
