@@ -338,9 +338,10 @@ async fn one_size(
             let up = cli(exe, &path, "up")?;
             let load = engine_load(&name, ranks)?;
             println!(
-                "{tag} round {round}: up from stopped {:.2} s, engine load {load:.2} s, overhead {:.2} s (load average {la})",
+                "{tag} round {round}: up from stopped {:.2} s, engine load {load:.2} s, overhead {:.2} s, of which rank-file checks {:.2} s (load average {la})",
                 up.wall_s,
-                up.wall_s - load
+                up.wall_s - load,
+                up.steps.get("build_rank_cache").map_or(f64::NAN, |s| s.1)
             );
             cli(exe, &path, "down")?;
             if round == rounds {
