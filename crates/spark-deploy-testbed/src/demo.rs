@@ -131,8 +131,46 @@ pub async fn prepare_on(
     repos: &Path,
     options: HubOptions,
 ) -> Result<(HubServer, DeploymentConfig), BoxError> {
+    let base = crate::deployment::deployment_config(info);
+    prepare_config(base, home, standin, repos, options).await
+}
+
+/// [`prepare_with_engine`] serving the checkpoint of `spec` from the hub repos below `repos`
+/// (generated once, as [`hub_tree_of`] does; the `ABLIT` overlay is the small checkpoint's, seed
+/// 5, whatever `spec`), with `base` as the config to complete (its directories and nodes kept; the
+/// engine is installed in its head's engine dir). `bench-up-stopped` uses it for the large
+/// checkpoint.
+///
+/// # Errors
+///
+/// Generation, hub or engine preparation errors.
+pub async fn prepare_checkpoint(
+    home: &Path,
+    standin: Option<&Path>,
+    repos: &Path,
+    spec: CheckpointSpec,
+    base: DeploymentConfig,
+) -> Result<(HubServer, DeploymentConfig), BoxError> {
+    let r = repos.to_path_buf();
+    tokio::task::spawn_blocking(move || hub_tree_of(&r, &spec).and_then(|()| ablit_tree(&r, 5)))
+        .await??;
+    let options = HubOptions {
+        gated: std::collections::HashMap::from([(ABLIT.to_owned(), ABLIT_TOKEN.to_owned())]),
+        ..HubOptions::default()
+    };
+    prepare_config(base, home, standin, repos, options).await
+}
+
+/// [`prepare_on`] completing `base` (its directories and nodes kept).
+async fn prepare_config(
+    base: DeploymentConfig,
+    home: &Path,
+    standin: Option<&Path>,
+    repos: &Path,
+    options: HubOptions,
+) -> Result<(HubServer, DeploymentConfig), BoxError> {
     let hub = HubServer::start(repos, "127.0.0.1:0".parse()?, options)?;
-    let mut config = crate::deployment::deployment_config(info);
+    let mut config = base;
     config.hub.endpoint = hub.endpoint();
     config.model.id = MODEL.into();
     config.model.revision = hub.commit(MODEL).ok_or("model commit")?;

@@ -11,6 +11,38 @@ use crate::event::Level;
 use crate::event::StepKind;
 use crate::secret::Secret;
 
+/// Between two readiness probes (each asks every node's Docker and the API).
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// How often the API port is tried while it is closed (one local TCP connect).
+const PORT_POLL: Duration = Duration::from_millis(50);
+
+/// Whether `addr` accepts a TCP connection within `timeout`.
+async fn port_accepts(addr: &(String, u16), timeout: Duration) -> bool {
+    tokio::time::timeout(
+        timeout,
+        tokio::net::TcpStream::connect((addr.0.as_str(), addr.1)),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
+}
+
+/// Waits up to `budget` for `addr` to accept a connection, trying every `poll`: `true` as soon
+/// as it does, `false` when the budget ran out with the port still closed.
+async fn wait_for_port(addr: &(String, u16), budget: Duration, poll: Duration) -> bool {
+    let end = Instant::now() + budget;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            return false;
+        }
+        let left = end - now;
+        if port_accepts(addr, poll.min(left)).await {
+            return true;
+        }
+        tokio::time::sleep(poll.min(end.saturating_duration_since(Instant::now()))).await;
+    }
+}
+
 /// Waits for readiness (both containers running, rank 1 loaded, `/v1/models` lists the served
 /// name) and runs one greedy chat completion with thinking off through rank 0.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -147,14 +179,7 @@ impl Smoke {
             if ctx.is_cancelled() {
                 return Err(fail(SmokeError::Cancelled));
             }
-            if port_open.is_none()
-                && tokio::time::timeout(
-                    Duration::from_millis(200),
-                    tokio::net::TcpStream::connect((api_addr.0.as_str(), api_addr.1)),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok())
-            {
+            if port_open.is_none() && port_accepts(&api_addr, Duration::from_millis(200)).await {
                 port_open = Some(origin.elapsed().as_secs_f64());
             }
             let why = match engine.probe_ready(ctx, &api).await {
@@ -183,7 +208,15 @@ impl Smoke {
                 );
                 last_note = Instant::now();
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            if port_open.is_none() {
+                // The engine opens its API once loaded: probe again as soon as the port opens,
+                // not up to a whole interval later (`up` from stopped waits for this moment).
+                if wait_for_port(&api_addr, PROBE_INTERVAL, PORT_POLL).await {
+                    port_open = Some(origin.elapsed().as_secs_f64());
+                }
+            } else {
+                tokio::time::sleep(PROBE_INTERVAL).await;
+            }
         }
         let http_ready = origin.elapsed().as_secs_f64();
         let line = engine
@@ -225,5 +258,50 @@ impl Smoke {
             format!("{} is running on port {}", self.served_name, c.serving.port),
         );
         Ok(Outcome::Done { bytes: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn free_addr() -> (String, u16) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        ("127.0.0.1".to_owned(), port)
+    }
+
+    #[tokio::test]
+    async fn the_wait_ends_when_the_port_opens_not_at_the_end_of_the_interval() {
+        let addr = free_addr();
+        let bind = format!("{}:{}", addr.0, addr.1);
+        let opener = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let l = tokio::net::TcpListener::bind(bind).await.unwrap();
+            // Keep it open while the wait connects.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            drop(l);
+        });
+        let t = Instant::now();
+        assert!(wait_for_port(&addr, Duration::from_secs(2), PORT_POLL).await);
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(150) && waited < Duration::from_millis(600),
+            "woke {waited:?} after the start; the port opened after 150 ms"
+        );
+        opener.abort();
+    }
+
+    #[tokio::test]
+    async fn a_port_that_stays_closed_uses_the_whole_budget() {
+        let addr = free_addr();
+        let t = Instant::now();
+        assert!(!wait_for_port(&addr, Duration::from_millis(300), PORT_POLL).await);
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_millis(1000),
+            "{waited:?}"
+        );
     }
 }
