@@ -277,6 +277,13 @@ pub trait Engine: Send + Sync + Debug {
         rank: usize,
     ) -> Result<Vec<FileJob>, Box<dyn std::error::Error + Send + Sync>>;
 
+    /// Whether [`Engine::build_inputs`] waits for each checkpoint file itself in an overlapped
+    /// `up` (see [`Context::stages`]); otherwise BuildRankCache calls it once the fetch has
+    /// finished. `false` by default.
+    fn builds_while_fetching(&self) -> bool {
+        false
+    }
+
     /// In an overlapped `up`, the files worker `rank` can receive now, while the rest is still
     /// being fetched or built (asked again until the fetch has finished and its rank inputs have
     /// gone; what was shipped is skipped), its rank inputs only when `rank_inputs` says they are

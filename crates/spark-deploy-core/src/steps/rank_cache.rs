@@ -4,6 +4,7 @@ use crate::config::ValidatedConfig;
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::Action;
 use crate::engine::{Engine, StepPlan};
+use crate::event::StepKind;
 
 /// Builds every rank's inputs on the head, as the engine defines them (for TensorFold: the rank
 /// weight files, token map, RoPE tables and routing bias, and the kit checked against its
@@ -28,12 +29,29 @@ impl BuildRankCache {
         (self.inputs.summary.clone(), self.inputs.actions.clone())
     }
 
-    /// Builds (or verifies and skips) every rank's inputs through the engine.
+    /// Builds (or verifies and skips) every rank's inputs through the engine. Overlapped, an
+    /// engine that does not build while the checkpoint arrives gets it whole first; the stages
+    /// say when its inputs are ready, whatever the engine.
     pub(crate) async fn run(
         &self,
         ctx: &Context,
         engine: &dyn Engine,
     ) -> Result<Outcome, StepFailure> {
-        engine.build_inputs(ctx).await
+        if ctx.overlapped()
+            && !engine.builds_while_fetching()
+            && !ctx.wait_until(|c| c.stages().fetched).await
+        {
+            return Err(StepFailure::new(
+                StepKind::BuildRankCache,
+                "cancelled",
+                None,
+            ));
+        }
+        let outcome = engine.build_inputs(ctx).await?;
+        ctx.mark_stage(|s| {
+            s.rank_files = true;
+            s.built = true;
+        });
+        Ok(outcome)
     }
 }

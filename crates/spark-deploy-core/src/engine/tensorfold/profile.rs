@@ -184,6 +184,10 @@ impl Engine for TensorfoldDsv41 {
         worker_inputs::jobs(ctx, rank).await
     }
 
+    fn builds_while_fetching(&self) -> bool {
+        true
+    }
+
     async fn worker_jobs_early(
         &self,
         ctx: &Context,
