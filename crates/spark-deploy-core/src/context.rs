@@ -232,6 +232,24 @@ impl Context {
         }
     }
 
+    /// [`Context::wait_until`] inside `step`: a cancellation, or another overlapped step's failure,
+    /// ends the wait as this step's failure.
+    ///
+    /// # Errors
+    ///
+    /// A [`StepFailure`] of `step` ("cancelled") when the wait ends without `ready`.
+    pub async fn wait_for(
+        &self,
+        step: StepKind,
+        ready: impl Fn(&Self) -> bool,
+    ) -> Result<(), StepFailure> {
+        if self.wait_until(ready).await {
+            Ok(())
+        } else {
+            Err(StepFailure::new(step, "cancelled", None))
+        }
+    }
+
     /// Waits until `ready` holds (looked at every 50 ms); `false` when the run is cancelled, or
     /// an overlapped step fails, first.
     pub async fn wait_until(&self, ready: impl Fn(&Self) -> bool) -> bool {

@@ -313,9 +313,8 @@ impl BuildImage {
             }
             // Overlapped: the binaries travel once ConfigureWorkerStorage is done, since both
             // record what arrived in the worker's one manifest.
-            if !ctx.wait_until(|c| c.stages().stored).await {
-                return Err(StepFailure::new(StepKind::BuildImage, "cancelled", None));
-            }
+            ctx.wait_for(StepKind::BuildImage, |c| c.stages().stored)
+                .await?;
             let stats = super::storage::ship(ctx, StepKind::BuildImage, i, &jobs)
                 .await
                 .map_err(|e| fail(e, "a re-run resumes".into()))?;

@@ -37,15 +37,9 @@ impl BuildRankCache {
         ctx: &Context,
         engine: &dyn Engine,
     ) -> Result<Outcome, StepFailure> {
-        if ctx.overlapped()
-            && !engine.builds_while_fetching()
-            && !ctx.wait_until(|c| c.stages().fetched).await
-        {
-            return Err(StepFailure::new(
-                StepKind::BuildRankCache,
-                "cancelled",
-                None,
-            ));
+        if ctx.overlapped() && !engine.builds_while_fetching() {
+            ctx.wait_for(StepKind::BuildRankCache, |c| c.stages().fetched)
+                .await?;
         }
         let outcome = engine.build_inputs(ctx).await?;
         ctx.mark_stage(|s| {

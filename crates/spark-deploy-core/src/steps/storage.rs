@@ -450,13 +450,8 @@ impl ConfigureWorkerStorage {
         let mut early_bytes = 0;
         if ctx.overlapped() {
             early_bytes = self.ship_early(ctx, engine).await?;
-            if !ctx.wait_until(|c| c.stages().built).await {
-                return Err(StepFailure::new(
-                    StepKind::ConfigureWorkerStorage,
-                    "cancelled",
-                    None,
-                ));
-            }
+            ctx.wait_for(StepKind::ConfigureWorkerStorage, |c| c.stages().built)
+                .await?;
         }
         // Every worker's own preparation, side by side; the first failure (in rank order) fails
         // the step after all have ended.

@@ -208,16 +208,10 @@ impl RankInputs {
         &self,
         ctx: &Context,
     ) -> Result<Vec<super::inputs::rank_cache::StreamedRank>, StepFailure> {
-        if !ctx
-            .wait_until(|c| c.facts().model_commit.known().is_some())
-            .await
-        {
-            return Err(StepFailure::new(
-                StepKind::BuildRankCache,
-                "cancelled",
-                None,
-            ));
-        }
+        ctx.wait_for(StepKind::BuildRankCache, |c| {
+            c.facts().model_commit.known().is_some()
+        })
+        .await?;
         let c = ctx.config().config();
         let label = InputsSource::of(ctx.config(), &ctx.facts()).label();
         let opts = rank_cache_options(c.engine.shape_guard, &label, None);
@@ -242,13 +236,8 @@ impl RankInputs {
             if streamed.len() == world {
                 ctx.mark_stage(|s| s.rank_files = true);
             }
-            if !ctx.wait_until(|c| c.stages().fetched).await {
-                return Err(StepFailure::new(
-                    StepKind::BuildRankCache,
-                    "cancelled",
-                    None,
-                ));
-            }
+            ctx.wait_for(StepKind::BuildRankCache, |c| c.stages().fetched)
+                .await?;
             streamed
         } else {
             Vec::new()

@@ -29,10 +29,6 @@ const SHARD_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 /// Header reads in flight at once.
 const HEADER_READS: usize = 4;
 
-fn cancelled() -> StepFailure {
-    StepFailure::new(StepKind::BuildRankCache, "cancelled", None)
-}
-
 /// The checkpoint as its shards will be, from headers read by byte range; `None` when every
 /// shard is already on the head (nothing to overlap).
 async fn checkpoint_ahead(
@@ -105,24 +101,16 @@ pub(crate) async fn stream_rank_files(
     label: &str,
 ) -> Result<Vec<StreamedRank>, StepFailure> {
     let c = ctx.config().config();
-    if !ctx
-        .wait_until(|c| c.facts().model_commit.known().is_some())
-        .await
-    {
-        return Err(cancelled());
-    }
     if c.model.ablit || ctx.prepare_policy() == PreparePolicy::Never {
         return Ok(Vec::new());
     }
     let commit = ctx.facts().model_commit.to_string();
     let model_dir = snapshot_dir(&c.hub.cache, &c.model.id, &commit);
     // config.json is among the first files to land (the fetch takes the smallest first).
-    if !ctx
-        .wait_until(|c| model_dir.join("config.json").exists() || c.stages().fetched)
-        .await
-    {
-        return Err(cancelled());
-    }
+    ctx.wait_for(StepKind::BuildRankCache, |c| {
+        model_dir.join("config.json").exists() || c.stages().fetched
+    })
+    .await?;
     let fail = |e: BoxError| {
         StepFailure::new(
             StepKind::BuildRankCache,
