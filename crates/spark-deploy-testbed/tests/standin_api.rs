@@ -98,8 +98,17 @@ async fn streams_follow_the_performance_model_and_report_usage() {
     assert_eq!(usage["completion_tokens_details"]["reasoning_tokens"], 0);
     let span = generated.last().unwrap().0 - generated[0].0;
     let rate = 400.0 / span.as_secs_f64();
-    // code, drafts: 100 × 2 × 4 = 800 tok/s
-    assert!((rate - 800.0).abs() / 800.0 < 0.05, "decode {rate}");
+    // code, drafts: 100 × 2 × 4 = 800 tok/s. Never faster than the model (deadlines are
+    // absolute); a loaded machine can only make it late, so the lower bound has room (a
+    // wall-clock test with a 5% band both ways failed under a busy CI run).
+    assert!(
+        rate <= 800.0 * 1.05,
+        "decode {rate} faster than the model's 800"
+    );
+    assert!(
+        rate >= 800.0 * 0.7,
+        "decode {rate} far below the model's 800"
+    );
     let ttft = generated[0].0 - t0;
     let prompt = usage["prompt_tokens"].as_f64().unwrap();
     let expect = prompt / 20_000.0;

@@ -107,7 +107,7 @@ pub(super) async fn chat(
     st: &Arc<AppState>,
     running: Running,
     body: &[u8],
-    arrived: std::time::Instant,
+    arrived: tokio::time::Instant,
 ) -> Response {
     st.requests.fetch_add(1, Ordering::SeqCst);
     if st.wedged().is_some() {
@@ -271,7 +271,7 @@ pub(super) fn run_of<'a>(
     st: &'a AppState,
     plan: &ChatPlan,
     cached: u64,
-    arrived: std::time::Instant,
+    arrived: tokio::time::Instant,
 ) -> Run<'a> {
     Run {
         perf: &st.cfg.perf,

@@ -419,7 +419,7 @@ mod tests {
         let running = Running::enter(&st);
         let hung = tokio::time::timeout(
             std::time::Duration::from_millis(300),
-            chat(&st, running, body, std::time::Instant::now()),
+            chat(&st, running, body, tokio::time::Instant::now()),
         )
         .await;
         assert!(hung.is_err(), "a wedged request hangs");

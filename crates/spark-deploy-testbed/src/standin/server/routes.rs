@@ -4,7 +4,7 @@
 use super::*;
 
 pub(super) async fn dispatch(State(st): State<Arc<AppState>>, req: Request) -> Response {
-    let arrived = std::time::Instant::now();
+    let arrived = tokio::time::Instant::now();
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     if path == "/health" {
