@@ -1146,6 +1146,17 @@ fn a_streaming_build_in_any_shard_order_equals_the_whole_file_build_and_resumes_
                     .clone()
             };
             assert_eq!(sums(g), sums(w), "{}", g.display());
+            // The sha256 taken along the way is the file's, so shipping it reads nothing.
+            let recorded =
+                spark_deploy_core::engine::tensorfold::inputs::rank_cache::content::recorded_sha256(
+                    g,
+                );
+            assert_eq!(
+                recorded,
+                Some(spark_deploy_core::digest::sha256_file(g).unwrap()),
+                "{}",
+                g.display()
+            );
         }
     };
 

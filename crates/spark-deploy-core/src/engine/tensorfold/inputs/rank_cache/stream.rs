@@ -15,6 +15,13 @@
 //! The sidecar's block CRC-32s are taken as blocks complete: once every byte of an 8 MiB block is
 //! written, the block is read back (it was just written, so from the page cache) and checksummed.
 //!
+//! The whole file's sha256 (recorded in the sidecar, so shipping the file never reads it again on
+//! the head) needs the bytes in order: a frontier follows the complete blocks from the start of the
+//! file. A block that completes at the frontier is hashed from the same read as its CRC-32; one
+//! that completed ahead of it is read again when the frontier reaches it. What is left at the end
+//! (blocks behind a late shard) is hashed as the file is finished, on the rank's own thread. A
+//! resumed build starts the frontier over, reading the blocks its journal completed.
+//!
 //! # Trust
 //!
 //! The headers read ahead came from byte ranges nobody verified; each shard's own header is read
@@ -25,6 +32,8 @@ use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
 
 use super::build::finalize;
 use super::checksum::BlockChecksums;
@@ -72,6 +81,9 @@ struct Partial<'a> {
     /// Shards whose entries are written and journalled.
     done: Vec<bool>,
     resumed: usize,
+    /// The whole file's sha256 over blocks `0..hashed` (see the module docs).
+    sha: Sha256,
+    hashed: usize,
 }
 
 impl<'a> Partial<'a> {
@@ -175,6 +187,8 @@ impl<'a> Partial<'a> {
             by_shard,
             resumed: done.iter().filter(|d| **d).count(),
             done,
+            sha: Sha256::new(),
+            hashed: 0,
         };
         // A shard no entry reads is done from the start.
         for s in 0..shards {
@@ -218,17 +232,33 @@ impl<'a> Partial<'a> {
         }
     }
 
-    /// Reads the given complete blocks back and records their CRC-32s.
+    /// Reads block `k` back into `buf`.
+    fn read_block(&self, k: usize, buf: &mut Vec<u8>) -> Result<(), RankCacheError> {
+        buf.resize(usize::try_from(self.block_len(k)).unwrap_or(usize::MAX), 0);
+        self.file
+            .read_exact_at(buf, k as u64 * self.block)
+            .map_err(self.io("read back", &self.path))
+    }
+
+    /// Reads the given complete blocks back, records their CRC-32s and moves the sha256's
+    /// frontier over every complete block it reaches.
     fn checksum_blocks(&mut self, blocks: &[usize]) -> Result<(), RankCacheError> {
+        let mut blocks = blocks.to_vec();
+        blocks.sort_unstable();
         let mut buf = Vec::new();
-        for &k in blocks {
-            let len = usize::try_from(self.block_len(k)).unwrap_or(usize::MAX);
-            buf.resize(len, 0);
-            let start = k as u64 * self.block;
-            self.file
-                .read_exact_at(&mut buf, start)
-                .map_err(self.io("read back", &self.path))?;
+        for k in blocks {
+            self.read_block(k, &mut buf)?;
             self.crcs[k] = Some(crc32fast::hash(&buf));
+            if k == self.hashed {
+                self.sha.update(&buf);
+                self.hashed += 1;
+            }
+        }
+        // Blocks that completed ahead of the frontier and are now at it.
+        while self.crcs.get(self.hashed).is_some_and(Option::is_some) {
+            self.read_block(self.hashed, &mut buf)?;
+            self.sha.update(&buf);
+            self.hashed += 1;
         }
         Ok(())
     }
@@ -296,6 +326,9 @@ impl<'a> Partial<'a> {
             .write_all_at(&trailer, plan.data_bytes)
             .map_err(self.io("write", &self.path))?;
         self.file.sync_all().map_err(self.io("fsync", &self.path))?;
+        debug_assert_eq!(self.hashed, self.crcs.len(), "every block is hashed");
+        self.sha.update(&trailer);
+        let file_sha256 = hex::encode(std::mem::take(&mut self.sha).finalize());
         let sums = BlockChecksums {
             block_bytes: self.block,
             crc32: self.crcs.iter().map(|c| c.unwrap_or_default()).collect(),
@@ -309,7 +342,7 @@ impl<'a> Partial<'a> {
             ..
         } = self;
         drop((file, journal));
-        let dest = finalize(plan, out_dir, opts, &path, &sums, None)?;
+        let dest = finalize(plan, out_dir, opts, &path, &sums, Some(&file_sha256))?;
         let _ = std::fs::remove_file(&journal_path);
         Ok(StreamedRank {
             rank: plan.rank,
