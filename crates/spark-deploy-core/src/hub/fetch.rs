@@ -241,6 +241,19 @@ impl Tally<'_> {
     }
 }
 
+/// Files below this size are "small": a consumer plans from them (config, index, tokenizer).
+const SMALL_FILE: u64 = 64 << 20;
+
+/// The order blobs are fetched in: the small files first, smallest first (a consumer plans from
+/// them, so they should be final early), then the large ones by name: a checkpoint's shards in
+/// index order, so the shards that hold the start of a rank file land first and the file's
+/// finished prefix (hashed, and sent to its worker, while the rest downloads) grows early
+/// rather than all at the end.
+fn download_order(size: u64, paths: &[String]) -> (bool, u64, &[String]) {
+    let large = size >= SMALL_FILE;
+    (large, if large { 0 } else { size }, paths)
+}
+
 /// One blob to bring into the cache, and the paths that point to it.
 pub(super) struct Job {
     pub(super) etag: String,
@@ -428,13 +441,15 @@ impl Hub {
             total_bytes: tally.total,
         });
 
-        // 2. Blobs, a bounded number at once, smallest first (the small files a consumer needs to
-        //    plan, such as config and index, are final early). Each blob's snapshot links are made
-        //    as soon as it verifies, so a consumer running alongside (the pipelined `up`) can use
-        //    a file the moment its link appears: a link only ever points to a verified blob.
+        // 2. Blobs, a bounded number at once, in `download_order`. Each blob's snapshot links
+        //    are made as soon as it verifies, so a consumer running alongside (the pipelined
+        //    `up`) can use a file the moment its link appears: a link only ever points to a
+        //    verified blob.
         let tally_ref = &tally;
         let mut order: Vec<&Job> = jobs.values().collect();
-        order.sort_by(|a, b| a.size.cmp(&b.size).then_with(|| a.paths.cmp(&b.paths)));
+        order.sort_by(|a, b| {
+            download_order(a.size, &a.paths).cmp(&download_order(b.size, &b.paths))
+        });
         let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = futures::stream::iter(
             order
                 .into_iter()
@@ -504,5 +519,39 @@ impl Hub {
             files: report_files,
             transferred,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_files_first_by_size_then_large_ones_by_name() {
+        let files = [
+            ("model-00002-of-00003.safetensors", 300 << 20),
+            ("tokenizer.json", 9 << 20),
+            ("model-00001-of-00003.safetensors", 310 << 20),
+            ("config.json", 2 << 10),
+            ("model-00003-of-00003.safetensors", 100 << 20),
+            ("model.safetensors.index.json", 40 << 10),
+        ];
+        let mut jobs: Vec<(u64, Vec<String>)> = files
+            .iter()
+            .map(|(p, s)| (*s, vec![(*p).to_owned()]))
+            .collect();
+        jobs.sort_by(|a, b| download_order(a.0, &a.1).cmp(&download_order(b.0, &b.1)));
+        let order: Vec<&str> = jobs.iter().map(|j| j.1[0].as_str()).collect();
+        assert_eq!(
+            order,
+            [
+                "config.json",
+                "model.safetensors.index.json",
+                "tokenizer.json",
+                "model-00001-of-00003.safetensors",
+                "model-00002-of-00003.safetensors",
+                "model-00003-of-00003.safetensors",
+            ]
+        );
     }
 }

@@ -106,7 +106,7 @@ pub(crate) async fn stream_rank_files(
     }
     let commit = ctx.facts().model_commit.to_string();
     let model_dir = snapshot_dir(&c.hub.cache, &c.model.id, &commit);
-    // config.json is among the first files to land (the fetch takes the smallest first).
+    // config.json is among the first files to land (the fetch takes the small files first).
     ctx.wait_for(StepKind::BuildRankCache, |c| {
         model_dir.join("config.json").exists() || c.stages().fetched
     })
