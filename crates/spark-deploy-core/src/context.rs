@@ -14,6 +14,7 @@ use crate::ports::docker::{ContainerState, DockerError, DockerNode};
 use crate::ports::exec::{Exec, ExecError};
 use crate::ports::{NodeTarget, SshTarget};
 use crate::preflight::report::PreflightReport;
+use crate::transfer::prefix::GrowingFile;
 
 /// What a step did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,6 +126,7 @@ pub struct Context {
     prepare: Mutex<crate::config::PreparePolicy>,
     dry_run: std::sync::atomic::AtomicBool,
     overlap: Mutex<Option<Stages>>,
+    growing: Mutex<std::collections::BTreeMap<(usize, PathBuf), GrowingFile>>,
 }
 
 /// Where the preparation steps stand when they run overlapped (see [`Context::overlapped`]): each
@@ -182,6 +184,7 @@ impl Context {
             prepare,
             dry_run: std::sync::atomic::AtomicBool::new(false),
             overlap: Mutex::new(None),
+            growing: Mutex::new(std::collections::BTreeMap::new()),
         }
     }
 
@@ -218,6 +221,28 @@ impl Context {
                 stored: true,
                 failed: false,
             })
+    }
+
+    /// Publishes a file for node `rank` that is still being written on the head and whose start
+    /// is final (a rank file built while the checkpoint arrives), or its grown frontier: the
+    /// overlapped ConfigureWorkerStorage sends that start ahead.
+    pub fn publish_growing(&self, rank: usize, file: GrowingFile) {
+        self.growing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((rank, file.to.clone()), file);
+    }
+
+    /// The files published for node `rank` with [`Context::publish_growing`], as last published.
+    #[must_use]
+    pub fn growing_files(&self, rank: usize) -> Vec<GrowingFile> {
+        self.growing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|((r, _), _)| *r == rank)
+            .map(|(_, f)| f.clone())
+            .collect()
     }
 
     /// Records a finished stage (nothing when not overlapped).

@@ -9,6 +9,7 @@ pub mod nfs_volume;
 mod preflight;
 mod rank_cache;
 mod ranks;
+mod send_ahead;
 mod smoke;
 mod stop;
 mod storage;

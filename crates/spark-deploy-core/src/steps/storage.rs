@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use super::nfs_volume;
+use super::send_ahead::SendAhead;
 use crate::config::{ValidatedConfig, WorkerStorage};
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail, Transfer};
@@ -165,6 +166,26 @@ pub(crate) async fn ship(
     r.pop().ok_or_else(|| BoxError::from("no transfer"))?
 }
 
+/// The head's address on the fabric, where its file servers listen.
+///
+/// # Errors
+///
+/// The address is not known yet (Preflight finds it).
+pub(crate) fn head_fabric_addr(ctx: &Context) -> Result<IpAddr, BoxError> {
+    let facts = ctx.facts();
+    facts.nodes[0]
+        .fabric_addr
+        .known()
+        .map(|a| IpAddr::V4(*a))
+        .ok_or_else(|| {
+            format!(
+                "the head's fabric address is unknown ({}): run Preflight first",
+                facts.nodes[0].fabric_addr
+            )
+            .into()
+        })
+}
+
 /// Ships each `(worker index, jobs)` over the fabric, every worker at the same time
 /// ([`fan_out::feed`]); each worker's outcome in order. The outer error: nothing could start
 /// (the head's fabric address unknown, a worker's destination not its user's, a source
@@ -175,17 +196,7 @@ pub(crate) async fn ship_all(
     workers: &[(usize, Vec<FileJob>)],
 ) -> Result<Vec<Result<pull::TransferStats, BoxError>>, BoxError> {
     let c = ctx.config().config();
-    let facts = ctx.facts();
-    let head_addr: IpAddr = facts.nodes[0]
-        .fabric_addr
-        .known()
-        .map(|a| IpAddr::V4(*a))
-        .ok_or_else(|| {
-            format!(
-                "the head's fabric address is unknown ({}): run Preflight first",
-                facts.nodes[0].fabric_addr
-            )
-        })?;
+    let head_addr = head_fabric_addr(ctx)?;
     let mut execs = Vec::with_capacity(workers.len());
     for (index, jobs) in workers {
         let exec = ctx.exec(*index).await?;
@@ -520,8 +531,14 @@ impl ConfigureWorkerStorage {
         let mut shipped: std::collections::HashSet<(usize, PathBuf)> = Default::default();
         let mut bytes = 0;
         let mut rank_files_sent = false;
+        let mut ahead = SendAhead::default();
         loop {
             let stages = ctx.stages();
+            if !stages.rank_files {
+                // The final start of files still being written (rank files built as the shards
+                // land); the rest of each goes with its pull below, once it is final.
+                bytes += ahead.round(ctx, &self.workers).await;
+            }
             let with_rank_files = stages.rank_files && !rank_files_sent;
             if stages.failed || ctx.is_cancelled() {
                 return Err(StepFailure::new(

@@ -5,10 +5,12 @@
 //! several files in parallel, resuming `.partial` files, and verifies size and sha256 before the
 //! rename ([`pull`]). A manifest of verified files on the worker makes an up-to-date re-run move
 //! nothing. The token travels on the SSH session's stdin, never in argv. Several workers are fed at
-//! once ([`fan_out`]).
+//! once ([`fan_out`]). A file still being written on the head can send its finished start ahead,
+//! for its pull to resume after ([`prefix`]).
 
 pub mod fan_out;
 pub mod ownership;
+pub mod prefix;
 pub mod pull;
 pub mod server;
 

@@ -128,6 +128,19 @@ impl FileServer {
             .collect()
     }
 
+    /// Bytes sent by the last response for each file served so far, summed (a resumed pull counts
+    /// only what it moved).
+    #[must_use]
+    pub fn bytes_served(&self) -> u64 {
+        self.shared
+            .sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|(_, n)| n.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+
     /// Adds `path` to the allow-list; returns its URL.
     #[must_use]
     pub fn allow(&self, path: PathBuf) -> String {

@@ -132,11 +132,19 @@ pub(crate) async fn early_jobs(
     Ok(jobs)
 }
 
+/// Where worker `i` keeps its rank file.
+pub(crate) fn worker_rank_dir(ctx: &Context, i: usize) -> String {
+    let c = ctx.config().config();
+    format!(
+        "{}/rank-cache",
+        NodeLayout::of(ctx.config(), &c.nodes[i]).inputs_dir
+    )
+}
+
 /// Worker `i`'s rank file (after moving superseded ones aside on it).
 pub(crate) async fn rank_file_jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxError> {
     let c = ctx.config().config();
     let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
-    let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
     let world = c.nodes.len();
     let mut jobs = Vec::new();
     let prefix = format!("rank{i}of{world}-");
@@ -152,7 +160,7 @@ pub(crate) async fn rank_file_jobs(ctx: &Context, i: usize) -> Result<Vec<FileJo
                 rank_dir.display()
             )
         })?;
-    let worker_rank_dir = format!("{}/rank-cache", wl.inputs_dir);
+    let worker_rank_dir = worker_rank_dir(ctx, i);
     move_aside_stale(ctx, i, &worker_rank_dir, &prefix, &rank_file).await?;
     jobs.extend(
         expand(

@@ -14,14 +14,25 @@ use crate::engine::tensorfold::inputs::rank_cache::{
     Cancelled, RankCachePlan, RankCacheProgress, StreamedRank, VerifyLevel,
     build_rank_caches_streaming, plan_rank_cache_from, verify_rank_cache,
 };
+use crate::engine::tensorfold::inputs::rank_file;
 use crate::engine::tensorfold::inputs::safetensors_index::{
     Checkpoint, read_index_json, shard_header,
 };
+use crate::engine::tensorfold::worker_inputs::worker_rank_dir;
 use crate::event::{Event, StepKind};
 use crate::hub::{HfToken, Hub, HubConfig};
 use crate::layout::{hub_dir, snapshot_dir};
+use crate::transfer::prefix::GrowingFile;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the build's thread tells the step.
+enum Note {
+    /// An event to emit.
+    Event(Event),
+    /// Rank `rank`'s partial file is final up to `prefix`.
+    Final { rank: usize, prefix: u64 },
+}
 
 /// How often the build looks for the next shard's link.
 const SHARD_POLL: std::time::Duration = std::time::Duration::from_millis(50);
@@ -142,7 +153,22 @@ pub(crate) async fn stream_rank_files(
     if plans.is_empty() {
         return Ok(Vec::new());
     }
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    // Each worker's rank file: its partial here, its final path there. As its final start grows,
+    // the storage step sends that ahead (see `transfer::prefix`).
+    let growing: Vec<(usize, GrowingFile)> = plans
+        .iter()
+        .filter(|p| p.rank > 0)
+        .map(|p| {
+            let g = GrowingFile {
+                from: out.join(rank_file::partial_name(p.rank, world)),
+                to: Path::new(&worker_rank_dir(ctx, p.rank)).join(&p.file_name),
+                size: p.file_len(),
+                ready: 0,
+            };
+            (p.rank, g)
+        })
+        .collect();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
     let cancel = ctx.cancel_signal();
     let (out, opts, node_name) = (out.to_path_buf(), opts.clone(), node.to_owned());
     let paths: Vec<PathBuf> = checkpoint.shards.iter().map(|s| s.path.clone()).collect();
@@ -158,13 +184,32 @@ pub(crate) async fn stream_rank_files(
         };
         let started = std::time::Instant::now();
         let mut progress = |p: &RankCacheProgress| {
-            let _ = tx.send(super::progress_event(&node_name, world, p, started));
+            let _ = tx.send(Note::Event(super::progress_event(
+                &node_name, world, p, started,
+            )));
+            let _ = tx.send(Note::Final {
+                rank: p.rank,
+                prefix: p.final_prefix,
+            });
             Ok(())
         };
         build_rank_caches_streaming(&plans, &out, &opts, &mut next, &mut progress)
     });
-    while let Some(ev) = rx.recv().await {
-        ctx.emit(ev);
+    while let Some(note) = rx.recv().await {
+        match note {
+            Note::Event(ev) => ctx.emit(ev),
+            Note::Final { rank, prefix } => {
+                if let Some((_, g)) = growing.iter().find(|(r, g)| *r == rank && prefix > g.ready) {
+                    ctx.publish_growing(
+                        rank,
+                        GrowingFile {
+                            ready: prefix,
+                            ..g.clone()
+                        },
+                    );
+                }
+            }
+        }
     }
     work.await
         .map_err(|e| fail(Box::new(e)))?

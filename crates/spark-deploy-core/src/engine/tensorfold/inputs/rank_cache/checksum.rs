@@ -159,6 +159,7 @@ fn report(plan: &RankCachePlan, done: u64, progress: ProgressFn<'_>) -> Result<(
         phase: RankCachePhase::Verify,
         bytes_done: done,
         bytes_total: plan.data_bytes,
+        final_prefix: 0,
     })
 }
 

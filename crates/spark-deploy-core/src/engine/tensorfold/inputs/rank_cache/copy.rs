@@ -192,6 +192,7 @@ pub(super) fn for_each_chunk_until(
                             phase,
                             bytes_done: done,
                             bytes_total: total,
+                            final_prefix: 0,
                         };
                         if progress(&p).is_err() {
                             cancelled = true;
@@ -224,6 +225,7 @@ pub(super) fn for_each_chunk_until(
             phase,
             bytes_done: 0,
             bytes_total: 0,
+            final_prefix: 0,
         };
         progress(&p).map_err(|Cancelled| RankCacheError::Cancelled { rank: plan.rank })?;
     }

@@ -245,6 +245,10 @@ pub struct RankCacheProgress {
     pub bytes_done: u64,
     /// Data bytes in all.
     pub bytes_total: u64,
+    /// Bytes from the start of the partial file that are final: written, and never written
+    /// again by this build (a build that writes in any order promises its sha256 frontier; 0
+    /// where nothing is promised). A worker may receive them ahead of the rest.
+    pub final_prefix: u64,
 }
 
 /// Returned by a progress callback to stop the operation.

@@ -263,6 +263,11 @@ impl<'a> Partial<'a> {
         Ok(())
     }
 
+    /// Bytes from the start of the file that are final: the sha256's frontier.
+    fn final_prefix(&self) -> u64 {
+        (self.hashed as u64 * self.block).min(self.plan.data_bytes)
+    }
+
     fn bytes_done(&self) -> u64 {
         self.filled.iter().sum()
     }
@@ -385,6 +390,7 @@ pub fn build_rank_caches_streaming(
                 phase: RankCachePhase::Write,
                 bytes_done: p.bytes_done(),
                 bytes_total: p.plan.data_bytes,
+                final_prefix: p.final_prefix(),
             })
             .map_err(|Cancelled| RankCacheError::Cancelled { rank: p.plan.rank })?;
         }
