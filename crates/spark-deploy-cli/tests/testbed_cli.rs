@@ -603,7 +603,7 @@ fn fabric_rx(container: &str, addr: std::net::Ipv4Addr) -> u64 {
 
 /// `up` with JSON events; the seconds from its start to ConfigureWorkerStorage's end (the data
 /// moved), and whether it succeeded.
-fn timed_up(config: &std::path::Path) -> (f64, bool) {
+fn timed_up(config: &std::path::Path) -> TimedUp {
     let t = Instant::now();
     let mut child = sd(&["--json", "--config", &config.display().to_string(), "up"])
         .stdout(Stdio::piped())
@@ -611,6 +611,7 @@ fn timed_up(config: &std::path::Path) -> (f64, bool) {
         .spawn()
         .unwrap();
     let mut moved = None;
+    let (mut rank1_written, mut sent_ahead) = (false, 0u64);
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
         if moved.is_none()
@@ -619,9 +620,32 @@ fn timed_up(config: &std::path::Path) -> (f64, bool) {
         {
             moved = Some(t.elapsed().as_secs_f64());
         }
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if v["event"] != "progress" || !v["label"].as_str().unwrap_or("").starts_with("rank1of2") {
+            continue;
+        }
+        if v["source"]["step"] == "build_rank_cache" {
+            rank1_written = v["bytes_done"] == v["bytes_total"];
+        } else if v["source"]["step"] == "configure_worker_storage" && !rank1_written {
+            sent_ahead = sent_ahead.max(v["file"]["done"].as_u64().unwrap_or(0));
+        }
     }
     let ok = child.wait().unwrap().success();
-    (moved.unwrap_or_else(|| t.elapsed().as_secs_f64()), ok)
+    TimedUp {
+        moved_s: moved.unwrap_or_else(|| t.elapsed().as_secs_f64()),
+        ok,
+        sent_ahead,
+    }
+}
+
+/// What [`timed_up`] saw.
+struct TimedUp {
+    /// Seconds until ConfigureWorkerStorage ended (the data moved).
+    moved_s: f64,
+    /// `up` succeeded.
+    ok: bool,
+    /// Bytes of the worker's rank file on the worker before the head had written all of it.
+    sent_ahead: u64,
 }
 
 /// The testbed and the deployment on it, taken down whatever happens.
@@ -644,7 +668,8 @@ impl Drop for Resumable {
 /// its data takes to move (measured by an uninterrupted first deployment), then `up` runs again
 /// to serving. What the hub served and what reached the worker's fabric interface beyond the
 /// uninterrupted run's figures (re-fetched and re-sent bytes) stays under 1 % of them: finished
-/// downloads, rank-file shards and copies are never redone, partial ones continue.
+/// downloads, rank-file shards and copies are never redone, partial ones continue. In the
+/// uninterrupted run, the worker's rank file starts moving while the head still writes it.
 #[test]
 #[allow(clippy::print_stdout)]
 fn testbed_a_first_deploy_killed_at_30_60_and_90_percent_resumes_moving_under_1_percent_again() {
@@ -695,12 +720,21 @@ fn testbed_a_first_deploy_killed_at_30_60_and_90_percent_resumes_moving_under_1_
 
     // The uninterrupted first deployment: what it moves, and how long moving it takes.
     let (h0, r0) = fresh();
-    let (moved_s, ok) = timed_up(&config_path);
+    let TimedUp {
+        moved_s,
+        ok,
+        sent_ahead,
+    } = timed_up(&config_path);
     assert!(ok, "the uninterrupted up failed");
     let fetched = hub.bytes_served() - h0;
     let received = fabric_rx(&w.container, w.fabric_addr) - r0;
     println!(
-        "uninterrupted: {fetched} bytes from the hub, {received} bytes to the worker, data moved in {moved_s:.1} s"
+        "uninterrupted: {fetched} bytes from the hub, {received} bytes to the worker, data moved in {moved_s:.1} s; {sent_ahead} bytes of the worker's rank file sent while the head still wrote it"
+    );
+    // The worker's rank file starts moving while the head still builds it (its final start).
+    assert!(
+        sent_ahead >= 32 << 20,
+        "the rank file moved only once built: {sent_ahead} bytes sent ahead"
     );
     assert!(
         fetched > 100_000_000,
@@ -718,8 +752,10 @@ fn testbed_a_first_deploy_killed_at_30_60_and_90_percent_resumes_moving_under_1_
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let at_kill = hub.bytes_served() - h0;
-        let (_, ok) = timed_up(&config_path);
-        assert!(ok, "{pct} %: up after the kill failed");
+        assert!(
+            timed_up(&config_path).ok,
+            "{pct} %: up after the kill failed"
+        );
         let refetched = (hub.bytes_served() - h0).saturating_sub(fetched);
         let resent = (fabric_rx(&w.container, w.fabric_addr) - r0).saturating_sub(received);
         println!(

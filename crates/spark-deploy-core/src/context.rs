@@ -127,6 +127,7 @@ pub struct Context {
     dry_run: std::sync::atomic::AtomicBool,
     overlap: Mutex<Option<Stages>>,
     growing: Mutex<std::collections::BTreeMap<(usize, PathBuf), GrowingFile>>,
+    wanted_first: Mutex<Vec<String>>,
 }
 
 /// Where the preparation steps stand when they run overlapped (see [`Context::overlapped`]): each
@@ -185,6 +186,7 @@ impl Context {
             dry_run: std::sync::atomic::AtomicBool::new(false),
             overlap: Mutex::new(None),
             growing: Mutex::new(std::collections::BTreeMap::new()),
+            wanted_first: Mutex::new(Vec::new()),
         }
     }
 
@@ -221,6 +223,25 @@ impl Context {
                 stored: true,
                 failed: false,
             })
+    }
+
+    /// Asks FetchCheckpoint, running alongside, to download these repository paths before the
+    /// others still waiting, in this order (the overlapped build wants the shards holding the
+    /// start of its rank files first).
+    pub fn want_first(&self, paths: Vec<String>) {
+        *self
+            .wanted_first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = paths;
+    }
+
+    /// The paths last given to [`Context::want_first`].
+    #[must_use]
+    pub fn wanted_first(&self) -> Vec<String> {
+        self.wanted_first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Publishes a file for node `rank` that is still being written on the head and whose start

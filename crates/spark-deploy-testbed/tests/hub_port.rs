@@ -531,6 +531,55 @@ async fn files_download_in_parallel_with_a_bounded_number_of_streams() {
     assert_eq!(server.peak_concurrent_transfers(), 2);
 }
 
+/// The consumer names the file it wants first; the others go in the fetch's own order.
+#[derive(Default, Clone)]
+struct WantsFirst(Events, String);
+
+impl spark_deploy_core::hub::FetchProgress for WantsFirst {
+    fn on_event(&self, e: &FetchEvent) {
+        self.0.on_event(e);
+    }
+    fn wanted_first(&self) -> Vec<String> {
+        vec!["no-such-file".into(), self.1.clone()]
+    }
+}
+
+#[tokio::test]
+async fn a_file_the_consumer_wants_first_jumps_the_queue() {
+    let tree = make_tree();
+    let server = start(&tree, false);
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config(&server, cache.path());
+    cfg.max_streams = 1;
+    let hub = Hub::new(cfg).unwrap();
+    let (r, files) = pinned_all(&hub, TINY, "main").await;
+    let done_order = |events: &Events| -> Vec<String> {
+        events
+            .all()
+            .into_iter()
+            .filter_map(|e| match e {
+                FetchEvent::FileDone { file, .. } => Some(file),
+                _ => None,
+            })
+            .collect()
+    };
+    // Alone, the shard (the largest file) comes last.
+    let plain = Events::default();
+    hub.fetch(&r, &files, &plain).await.unwrap();
+    assert_eq!(done_order(&plain).last().map(String::as_str), Some(SHARD));
+    // Wanted first, it comes first, and everything still arrives.
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config(&server, cache.path());
+    cfg.max_streams = 1;
+    let hub = Hub::new(cfg).unwrap();
+    let wants = WantsFirst(Events::default(), SHARD.to_owned());
+    let report = hub.fetch(&r, &files, &wants).await.unwrap();
+    let order = done_order(&wants.0);
+    assert_eq!(order.first().map(String::as_str), Some(SHARD), "{order:?}");
+    assert_eq!(order.len(), files.len());
+    assert_eq!(read_tree(&report.snapshot_dir), tree.files[TINY]);
+}
+
 #[tokio::test]
 async fn a_rate_limited_hub_paces_every_transfer_and_logs_it_over_http() {
     let tree = make_tree();

@@ -345,6 +345,25 @@ impl Hub {
         self.fetch(&pinned, &wanted, progress).await
     }
 
+    /// Downloads and verifies one blob, then links every path it serves into the snapshot.
+    async fn fetch_and_link(
+        &self,
+        r: &ResolvedRepo,
+        job: &Job,
+        tally: &Tally<'_>,
+    ) -> Result<(String, FileOutcome), FetchError> {
+        let o = self.fetch_blob(r, job, tally).await?;
+        for path in &job.paths {
+            self.cache
+                .link_snapshot(&r.repo, &r.commit, path, &job.etag)?;
+            tally.progress.on_event(&FetchEvent::FileDone {
+                file: path.clone(),
+                outcome: o,
+            });
+        }
+        Ok((job.etag.clone(), o))
+    }
+
     /// Bring `files` of the pinned repository into the cache, resuming partial downloads and
     /// verifying every file. See the module docs for the flow.
     ///
@@ -445,34 +464,32 @@ impl Hub {
         //    are made as soon as it verifies, so a consumer running alongside (the pipelined
         //    `up`) can use a file the moment its link appears: a link only ever points to a
         //    verified blob.
+        //    A file the consumer wants first ([`FetchProgress::wanted_first`]) jumps the queue
+        //    when a slot frees.
         let tally_ref = &tally;
         let mut order: Vec<&Job> = jobs.values().collect();
         order.sort_by(|a, b| {
             download_order(a.size, &a.paths).cmp(&download_order(b.size, &b.paths))
         });
-        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = futures::stream::iter(
-            order
-                .into_iter()
-                .map(|job| async move {
-                    let o = self.fetch_blob(r, job, tally_ref).await?;
-                    let mut locals = Vec::with_capacity(job.paths.len());
-                    for path in &job.paths {
-                        locals.push(
-                            self.cache
-                                .link_snapshot(&r.repo, &r.commit, path, &job.etag)?,
-                        );
-                        progress.on_event(&FetchEvent::FileDone {
-                            file: path.clone(),
-                            outcome: o,
-                        });
-                    }
-                    Ok((job.etag.clone(), o))
-                })
-                .collect::<Vec<_>>(),
-        )
-        .buffer_unordered(self.cfg.max_streams.max(1))
-        .collect()
-        .await;
+        let waiting = std::sync::Mutex::new(std::collections::VecDeque::from(order));
+        let next_job = || {
+            let mut w = waiting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let wanted = progress.wanted_first();
+            let at = wanted
+                .iter()
+                .find_map(|p| w.iter().position(|j| j.paths.contains(p)))
+                .unwrap_or(0);
+            w.remove(at)
+        };
+        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> =
+            futures::stream::iter(std::iter::from_fn(|| {
+                next_job().map(|job| self.fetch_and_link(r, job, tally_ref))
+            }))
+            .buffer_unordered(self.cfg.max_streams.max(1))
+            .collect()
+            .await;
         let mut outcome_of = BTreeMap::new();
         for o in outcomes {
             let (etag, outcome) = o?;

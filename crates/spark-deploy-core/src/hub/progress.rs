@@ -84,6 +84,13 @@ pub enum FetchEvent {
 pub trait FetchProgress: Send + Sync {
     /// One event.
     fn on_event(&self, event: &FetchEvent);
+
+    /// Paths a consumer running alongside wants first, most wanted first (a rank-file build that
+    /// needs the shard holding the start of its files). Asked each time a download slot frees;
+    /// the files it names that are still waiting start before the others. None by default.
+    fn wanted_first(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Ignores every event.

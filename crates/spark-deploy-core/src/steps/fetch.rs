@@ -164,6 +164,10 @@ struct ProgressEvents<'a> {
 }
 
 impl FetchProgress for ProgressEvents<'_> {
+    fn wanted_first(&self) -> Vec<String> {
+        self.ctx.wanted_first()
+    }
+
     fn on_event(&self, event: &FetchEvent) {
         match event {
             FetchEvent::Progress {

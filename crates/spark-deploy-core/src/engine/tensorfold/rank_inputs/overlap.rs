@@ -153,6 +153,28 @@ pub(crate) async fn stream_rank_files(
     if plans.is_empty() {
         return Ok(Vec::new());
     }
+    // The shards in the order the rank files' starts need them (the last shard holds the head
+    // and the final norm, which a rank file puts first): the fetch takes them in that order, so
+    // the final start of every file, hashed and sent ahead, grows with the download.
+    let mut first_use: Vec<(u64, usize)> = (0..checkpoint.shards.len())
+        .filter_map(|s| {
+            plans
+                .iter()
+                .flat_map(|p| p.entries.iter())
+                .filter(|e| e.source.shard() == s)
+                .map(|e| e.row.offset)
+                .min()
+                .map(|at| (at, s))
+        })
+        .collect();
+    first_use.sort_unstable();
+    ctx.want_first(
+        first_use
+            .iter()
+            .filter_map(|(_, s)| checkpoint.shards[*s].path.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect(),
+    );
     // Each worker's rank file: its partial here, its final path there. As its final start grows,
     // the storage step sends that ahead (see `transfer::prefix`).
     let growing: Vec<(usize, GrowingFile)> = plans
