@@ -690,7 +690,7 @@ fn testbed_a_first_deploy_killed_at_30_60_and_90_percent_resumes_moving_under_1_
         config: config_path.clone(),
     };
     let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), std::path::PathBuf::from);
-    let repos = info.state_dir.join("hub-repos-medium-330mb");
+    let repos = info.state_dir.join("hub-repos-medium-330mb-8shards");
     spark_deploy_testbed::demo::hub_tree_of(&repos, &CheckpointSpec::medium(9)).unwrap();
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_spark-deploy"));
     let (hub, config) = tb

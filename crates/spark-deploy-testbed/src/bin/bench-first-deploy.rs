@@ -18,8 +18,12 @@
 //! high-water mark, reset before the run: it includes the in-process hub), and last the ratio.
 //!
 //! `cargo run --release -p spark-deploy-testbed --bin bench-first-deploy` (needs root and
-//! Docker; run under the testbed lock). The generated hub repositories are kept in
-//! `BENCH_REPOS` (default `/var/tmp/spark-deploy-bench-first-deploy`) for the next run. A
+//! Docker; run under the testbed lock). `BENCH_TEXT_SHARDS` splits the checkpoint's text weights
+//! into that many shards instead of the large checkpoint's 8 (the real checkpoint has 39): with
+//! the fetch's 4 streams over one link, shards land in waves of 4, and the last wave's work (its
+//! rank-file entries, their hashing, their copy) is the tail after the download. The generated
+//! hub repositories are kept in `BENCH_REPOS` (default
+//! `/var/tmp/spark-deploy-bench-first-deploy-<N>shards`) for the next run. A
 //! testbed that is up is reused and left up; otherwise one is brought up and taken down.
 #![allow(clippy::print_stdout)]
 
@@ -301,12 +305,24 @@ async fn bench(info: &TestbedInfo) -> R<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(75);
+    let mut spec = CheckpointSpec::large(5);
+    if let Some(n) = std::env::var("BENCH_TEXT_SHARDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        spec.text_shards = n;
+    }
     let repos = std::env::var_os("BENCH_REPOS").map_or_else(
-        || PathBuf::from("/var/tmp/spark-deploy-bench-first-deploy"),
+        || {
+            PathBuf::from(format!(
+                "/var/tmp/spark-deploy-bench-first-deploy-{}shards",
+                spec.text_shards
+            ))
+        },
         PathBuf::from,
     );
     let r = repos.clone();
-    tokio::task::spawn_blocking(move || demo::hub_tree_of(&r, &CheckpointSpec::large(5))).await??;
+    tokio::task::spawn_blocking(move || demo::hub_tree_of(&r, &spec)).await??;
     let payload: u64 = [demo::MODEL, demo::ORIGINAL, demo::KIT]
         .iter()
         .map(|repo| {

@@ -150,13 +150,16 @@ impl CheckpointSpec {
         }
     }
 
-    /// A medium checkpoint (about 330 MB): the small one with 256 experts of width 1024, for the
-    /// tests that interrupt a first deployment and count what it moved twice.
+    /// A medium checkpoint (about 330 MB): the small one with 256 experts of width 1024 in 8
+    /// text shards (two waves of the fetch's 4 streams, so a rank file's start is final before
+    /// the download ends), for the tests that interrupt a first deployment and count what it
+    /// moved twice.
     #[must_use]
     pub fn medium(seed: u64) -> Self {
         Self {
             experts: 256,
             expert_width: 1024,
+            text_shards: 8,
             ..Self::small(seed)
         }
     }
