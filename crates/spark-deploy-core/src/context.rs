@@ -127,7 +127,7 @@ pub struct Context {
     dry_run: std::sync::atomic::AtomicBool,
     overlap: Mutex<Option<Stages>>,
     growing: Mutex<std::collections::BTreeMap<(usize, PathBuf), GrowingFile>>,
-    wanted_first: Mutex<Vec<String>>,
+    wanted_first: Mutex<Option<Vec<String>>>,
 }
 
 /// Where the preparation steps stand when they run overlapped (see [`Context::overlapped`]): each
@@ -186,7 +186,7 @@ impl Context {
             dry_run: std::sync::atomic::AtomicBool::new(false),
             overlap: Mutex::new(None),
             growing: Mutex::new(std::collections::BTreeMap::new()),
-            wanted_first: Mutex::new(Vec::new()),
+            wanted_first: Mutex::new(Some(Vec::new())),
         }
     }
 
@@ -227,17 +227,27 @@ impl Context {
 
     /// Asks FetchCheckpoint, running alongside, to download these repository paths before the
     /// others still waiting, in this order (the overlapped build wants the shards holding the
-    /// start of its rank files first).
+    /// start of its rank files first). An empty list: nothing in particular.
     pub fn want_first(&self, paths: Vec<String>) {
         *self
             .wanted_first
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = paths;
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(paths);
     }
 
-    /// The paths last given to [`Context::want_first`].
+    /// Tells FetchCheckpoint that a step running alongside will say what it wants first
+    /// ([`Context::want_first`]): until it does, large files wait a few seconds at most.
+    pub(crate) fn expect_wish(&self) {
+        *self
+            .wanted_first
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// The paths last given to [`Context::want_first`]; `None` while a wish is expected and not
+    /// given yet.
     #[must_use]
-    pub fn wanted_first(&self) -> Vec<String> {
+    pub fn wanted_first(&self) -> Option<Vec<String>> {
         self.wanted_first
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -539,8 +539,8 @@ impl spark_deploy_core::hub::FetchProgress for WantsFirst {
     fn on_event(&self, e: &FetchEvent) {
         self.0.on_event(e);
     }
-    fn wanted_first(&self) -> Vec<String> {
-        vec!["no-such-file".into(), self.1.clone()]
+    fn wanted_first(&self) -> Option<Vec<String>> {
+        Some(vec!["no-such-file".into(), self.1.clone()])
     }
 }
 

@@ -244,6 +244,64 @@ impl Tally<'_> {
 /// Files below this size are "small": a consumer plans from them (config, index, tokenizer).
 const SMALL_FILE: u64 = 64 << 20;
 
+/// How long a large file waits, at most, for an undecided consumer's wish
+/// ([`FetchProgress::wanted_first`] is `None`).
+const WISH_WAIT: Duration = Duration::from_secs(3);
+
+/// The blobs still waiting (indices into the fetch's order), as a stream of the next one to
+/// start: a file the consumer wants first jumps the queue; while the consumer is undecided a
+/// large file waits (up to `undecided_until`). Polled by `buffer_unordered` whenever a slot frees.
+struct Picks<'a> {
+    waiting: std::collections::VecDeque<(usize, u64, &'a [String])>,
+    progress: &'a dyn FetchProgress,
+    undecided_until: Instant,
+    sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Picks<'_> {
+    /// The next index to start; `Err(())` to wait a moment for the consumer.
+    fn pick(&mut self) -> Result<Option<usize>, ()> {
+        let Some(&(_, size, _)) = self.waiting.front() else {
+            return Ok(None);
+        };
+        let at = match self.progress.wanted_first() {
+            Some(wanted) => wanted
+                .iter()
+                .find_map(|p| {
+                    self.waiting
+                        .iter()
+                        .position(|(_, _, paths)| paths.contains(p))
+                })
+                .unwrap_or(0),
+            None if size < SMALL_FILE || Instant::now() >= self.undecided_until => 0,
+            None => return Err(()),
+        };
+        Ok(self.waiting.remove(at).map(|(i, _, _)| i))
+    }
+}
+
+impl futures::Stream for Picks<'_> {
+    type Item = usize;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<usize>> {
+        loop {
+            if let Some(sleep) = self.sleep.as_mut() {
+                std::task::ready!(sleep.as_mut().poll(cx));
+                self.sleep = None;
+            }
+            match self.pick() {
+                Ok(next) => return std::task::Poll::Ready(next),
+                Err(()) => {
+                    self.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(20))));
+                }
+            }
+        }
+    }
+}
+
 /// The order blobs are fetched in: the small files first, smallest first (a consumer plans from
 /// them, so they should be final early), then the large ones by name: a checkpoint's shards in
 /// index order, so the shards that hold the start of a rank file land first and the file's
@@ -471,22 +529,18 @@ impl Hub {
         order.sort_by(|a, b| {
             download_order(a.size, &a.paths).cmp(&download_order(b.size, &b.paths))
         });
-        let waiting = std::sync::Mutex::new(std::collections::VecDeque::from(order));
-        let next_job = || {
-            let mut w = waiting
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let wanted = progress.wanted_first();
-            let at = wanted
+        let picks = Picks {
+            waiting: order
                 .iter()
-                .find_map(|p| w.iter().position(|j| j.paths.contains(p)))
-                .unwrap_or(0);
-            w.remove(at)
+                .enumerate()
+                .map(|(i, j)| (i, j.size, j.paths.as_slice()))
+                .collect(),
+            progress,
+            undecided_until: Instant::now() + WISH_WAIT,
+            sleep: None,
         };
-        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> =
-            futures::stream::iter(std::iter::from_fn(|| {
-                next_job().map(|job| self.fetch_and_link(r, job, tally_ref))
-            }))
+        let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = picks
+            .map(|i| self.fetch_and_link(r, order[i], tally_ref))
             .buffer_unordered(self.cfg.max_streams.max(1))
             .collect()
             .await;

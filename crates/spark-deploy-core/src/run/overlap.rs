@@ -68,6 +68,11 @@ pub(super) async fn run_group(
     engine: &dyn Engine,
 ) -> Vec<Settled> {
     ctx.set_overlapped(true);
+    if engine.builds_while_fetching() {
+        // The build says which shards it wants first once it has planned (or that it wants
+        // none in particular); the fetch's large files wait a moment for that.
+        ctx.expect_wish();
+    }
     let first_failed: Mutex<Option<usize>> = Mutex::new(None);
     for step in steps {
         ctx.emit(Event::Started {

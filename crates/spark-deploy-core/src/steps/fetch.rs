@@ -164,7 +164,7 @@ struct ProgressEvents<'a> {
 }
 
 impl FetchProgress for ProgressEvents<'_> {
-    fn wanted_first(&self) -> Vec<String> {
+    fn wanted_first(&self) -> Option<Vec<String>> {
         self.ctx.wanted_first()
     }
 

@@ -26,6 +26,17 @@ use crate::transfer::prefix::GrowingFile;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// On drop, tells the fetch the build wants nothing in particular, unless it said otherwise.
+struct WishDecided<'a>(&'a Context);
+
+impl Drop for WishDecided<'_> {
+    fn drop(&mut self) {
+        if self.0.wanted_first().is_none() {
+            self.0.want_first(Vec::new());
+        }
+    }
+}
+
 /// What the build's thread tells the step.
 enum Note {
     /// An event to emit.
@@ -111,6 +122,9 @@ pub(crate) async fn stream_rank_files(
     opts: &crate::engine::tensorfold::inputs::rank_cache::RankCacheOptions,
     label: &str,
 ) -> Result<Vec<StreamedRank>, StepFailure> {
+    // Whatever happens below, the fetch learns what the build wants first (nothing, unless the
+    // plans say so) and stops waiting for it.
+    let _decided = WishDecided(ctx);
     let c = ctx.config().config();
     if c.model.ablit || ctx.prepare_policy() == PreparePolicy::Never {
         return Ok(Vec::new());
