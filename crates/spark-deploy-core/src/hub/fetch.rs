@@ -242,7 +242,7 @@ impl Tally<'_> {
 }
 
 /// Files below this size are "small": a consumer plans from them (config, index, tokenizer).
-const SMALL_FILE: u64 = 64 << 20;
+const SMALL_FILE: u64 = 16 << 20;
 
 /// How long a large file waits, at most, for an undecided consumer's wish
 /// ([`FetchProgress::wanted_first`] is `None`).
