@@ -40,6 +40,7 @@ mod download;
 pub mod error;
 pub mod fetch;
 pub mod offline;
+mod order;
 pub mod patterns;
 pub mod progress;
 pub mod remote;
