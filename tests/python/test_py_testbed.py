@@ -88,7 +88,12 @@ def test_deploy_chat_status_logs_stop(testbed):
 
 
 def test_ctrl_c_after_launch_stops_both_ranks_within_15s(testbed):
-    dep = spark_deploy.Deployment(testbed.config)
+    # The stand-in prefills 20 tokens a second here, so Smoke's chat takes seconds and the SIGINT
+    # 0.2 s into Smoke lands while `up` still runs (at the default speed Smoke could end first,
+    # and the KeyboardInterrupt then hit pytest itself).
+    d = testbed.config.to_dict()
+    d["engine"]["env"] = {**d["engine"].get("env", {}), "TF_STANDIN_PREFILL_TPS": "20"}
+    dep = spark_deploy.Deployment(spark_deploy.Config.from_dict(d))
     fired = []
 
     def on_event(e):

@@ -45,6 +45,15 @@ impl Events {
     }
 }
 
+/// A hub client over `server` with an empty cache of its own and `streams` downloads at once.
+fn hub_with_streams(server: &HubServer, streams: usize) -> (tempfile::TempDir, Hub) {
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config(server, cache.path());
+    cfg.max_streams = streams;
+    let hub = Hub::new(cfg).unwrap();
+    (cache, hub)
+}
+
 async fn pinned_all(
     hub: &Hub,
     repo: &str,
@@ -516,10 +525,7 @@ async fn unknown_repo_and_revision_are_named() {
 async fn files_download_in_parallel_with_a_bounded_number_of_streams() {
     let tree = make_tree();
     let server = start(&tree, false);
-    let cache = tempfile::tempdir().unwrap();
-    let mut cfg = config(&server, cache.path());
-    cfg.max_streams = 2;
-    let hub = Hub::new(cfg).unwrap();
+    let (_cache, hub) = hub_with_streams(&server, 2);
     let (r, files) = pinned_all(&hub, TINY, "main").await;
     // Every transfer waits a moment before its first byte, so transfers overlap.
     server.set_fault(FaultRule::all(Fault::StallAfter {
@@ -548,10 +554,7 @@ impl spark_deploy_core::hub::FetchProgress for WantsFirst {
 async fn a_file_the_consumer_wants_first_jumps_the_queue() {
     let tree = make_tree();
     let server = start(&tree, false);
-    let cache = tempfile::tempdir().unwrap();
-    let mut cfg = config(&server, cache.path());
-    cfg.max_streams = 1;
-    let hub = Hub::new(cfg).unwrap();
+    let (_cache, hub) = hub_with_streams(&server, 1);
     let (r, files) = pinned_all(&hub, TINY, "main").await;
     let done_order = |events: &Events| -> Vec<String> {
         events
@@ -568,10 +571,7 @@ async fn a_file_the_consumer_wants_first_jumps_the_queue() {
     hub.fetch(&r, &files, &plain).await.unwrap();
     assert_eq!(done_order(&plain).last().map(String::as_str), Some(SHARD));
     // Wanted first, it comes first, and everything still arrives.
-    let cache = tempfile::tempdir().unwrap();
-    let mut cfg = config(&server, cache.path());
-    cfg.max_streams = 1;
-    let hub = Hub::new(cfg).unwrap();
+    let (_cache, hub) = hub_with_streams(&server, 1);
     let wants = WantsFirst(Events::default(), SHARD.to_owned());
     let report = hub.fetch(&r, &files, &wants).await.unwrap();
     let order = done_order(&wants.0);

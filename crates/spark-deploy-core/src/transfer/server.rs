@@ -255,7 +255,15 @@ impl axum::serve::Listener for StoppableListener {
                         // A dropped sender means the server is gone: stop as well.
                         let _ = rx.wait_for(|s| *s).await;
                     });
-                    return (StoppableStream { stream, stopped }, addr);
+                    let is_stopped = false;
+                    return (
+                        StoppableStream {
+                            stream,
+                            stopped,
+                            is_stopped,
+                        },
+                        addr,
+                    );
                 }
                 // Out of file descriptors and the like: wait instead of spinning.
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
@@ -273,14 +281,17 @@ impl axum::serve::Listener for StoppableListener {
 struct StoppableStream {
     stream: tokio::net::TcpStream,
     stopped: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// `stopped` has completed (a completed future must not be polled again).
+    is_stopped: bool,
 }
 
 impl StoppableStream {
     /// `Err` (after arranging a reset on close) once the server stopped.
     fn check(&mut self, cx: &mut Context<'_>) -> std::io::Result<()> {
-        if self.stopped.as_mut().poll(cx).is_pending() {
+        if !self.is_stopped && self.stopped.as_mut().poll(cx).is_pending() {
             return Ok(());
         }
+        self.is_stopped = true;
         // Closing now sends RST and drops unsent bytes, rather than delivering the buffer.
         let _ = self.stream.set_zero_linger();
         Err(std::io::Error::new(
@@ -325,6 +336,29 @@ impl AsyncWrite for StoppableStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every read and write after the stop fails, however often the connection is polled (the
+    /// stop signal, a completed future, is never polled again: that panicked).
+    #[tokio::test]
+    async fn a_stopped_connection_fails_every_poll_without_polling_the_stop_again() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let ((stream, _), _client) =
+            tokio::join!(async { listener.accept().await.unwrap() }, async {
+                client.await.unwrap()
+            });
+        let mut conn = StoppableStream {
+            stream,
+            stopped: Box::pin(async {}),
+            is_stopped: false,
+        };
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..3 {
+            let e = conn.check(&mut cx).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted);
+        }
+    }
 
     #[tokio::test]
     async fn positions_count_from_the_served_range_start() {
