@@ -51,7 +51,7 @@ impl SendAhead {
             for g in ctx.growing_files(w.rank) {
                 let key = (w.rank, g.to.clone());
                 let held = self.held.get(&key).copied().unwrap_or(0);
-                if g.ready < held + STEP.min(g.size - held.min(g.size)).max(1) {
+                if g.ready < held + STEP {
                     continue;
                 }
                 match self.push(ctx, w, &g).await {

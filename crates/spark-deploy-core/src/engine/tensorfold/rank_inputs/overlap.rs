@@ -235,7 +235,7 @@ pub(crate) async fn stream_rank_files(
         match note {
             Note::Event(ev) => ctx.emit(ev),
             Note::Final { rank, prefix } => {
-                if let Some((_, g)) = growing.iter().find(|(r, g)| *r == rank && prefix > g.ready) {
+                if let Some((_, g)) = growing.iter().find(|(r, _)| *r == rank && prefix > 0) {
                     ctx.publish_growing(
                         rank,
                         GrowingFile {
