@@ -110,6 +110,9 @@ struct NodeConn {
     docker: OnceCell<DockerNode>,
 }
 
+/// A growing file as last published, and the sender of its final start as it grows.
+type Published = (GrowingFile, tokio::sync::watch::Sender<u64>);
+
 /// Shared state of one plan run.
 pub struct Context {
     config: ValidatedConfig,
@@ -126,7 +129,9 @@ pub struct Context {
     prepare: Mutex<crate::config::PreparePolicy>,
     dry_run: std::sync::atomic::AtomicBool,
     overlap: Mutex<Option<Stages>>,
-    growing: Mutex<std::collections::BTreeMap<(usize, PathBuf), GrowingFile>>,
+    /// Files still being written, by (rank, destination): as last published, and the sender of
+    /// their final start as it grows.
+    growing: Mutex<std::collections::BTreeMap<(usize, PathBuf), Published>>,
     wanted_first: Mutex<Option<Vec<String>>>,
 }
 
@@ -254,26 +259,50 @@ impl Context {
             .clone()
     }
 
-    /// Publishes a file for node `rank` that is still being written on the head and whose start
-    /// is final (a rank file built while the checkpoint arrives), or its grown frontier: the
-    /// overlapped ConfigureWorkerStorage sends that start ahead.
+    /// Publishes a file of node `rank` that is still being written on the head and whose start
+    /// is final (a rank file built while the checkpoint arrives), or its grown final start: the
+    /// overlapped ConfigureWorkerStorage follows it to its worker as it grows.
     pub fn publish_growing(&self, rank: usize, file: GrowingFile) {
-        self.growing
+        let mut growing = self
+            .growing
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert((rank, file.to.clone()), file);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match growing.entry((rank, file.to.clone())) {
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                e.get().1.send_replace(file.ready);
+                e.get_mut().0 = file;
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let (tx, _) = tokio::sync::watch::channel(file.ready);
+                e.insert((file, tx));
+            }
+        }
     }
 
-    /// The files published for node `rank` with [`Context::publish_growing`], as last published.
+    /// The files published for node `rank` with [`Context::publish_growing`], as last published,
+    /// each with a receiver of its final start as it grows. The receiver closes when the build
+    /// ends ([`Context::end_growing`]), whether or not the file reached its size.
     #[must_use]
-    pub fn growing_files(&self, rank: usize) -> Vec<GrowingFile> {
+    pub fn growing_files(
+        &self,
+        rank: usize,
+    ) -> Vec<(GrowingFile, tokio::sync::watch::Receiver<u64>)> {
         self.growing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .filter(|((r, _), _)| *r == rank)
-            .map(|(_, f)| f.clone())
+            .map(|(_, (f, tx))| (f.clone(), tx.subscribe()))
             .collect()
+    }
+
+    /// Ends the publishing of growing files (the build ended, however it ended): every receiver
+    /// of [`Context::growing_files`] closes, and none is published any more.
+    pub fn end_growing(&self) {
+        self.growing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
     }
 
     /// Records a finished stage (nothing when not overlapped).

@@ -1,115 +1,178 @@
-//! The overlapped ConfigureWorkerStorage's sending ahead: the final start of each worker's files
-//! that are still being written on the head (a rank file built as the checkpoint's shards land,
-//! published with [`Context::publish_growing`]) goes to the worker's `.partial` while the rest
-//! is written, so the file's own pull, once it is final, moves only what is left (see
-//! [`crate::transfer::prefix`]).
+//! The overlapped ConfigureWorkerStorage's sending ahead: each worker's files that are still being
+//! written on the head (a rank file built as the checkpoint's shards land, published with
+//! [`Context::publish_growing`]) follow to the worker as they grow, one stream per file, each byte
+//! sent the moment it is final and hashed on arrival ([`crate::transfer::prefix::follow`]). When
+//! the file is final on the head, its worker holds it whole and knows its sum, so the file's pull
+//! moves nothing and reads nothing: it checks that sum against the head's and renames.
 //!
-//! Sending ahead only saves time: a worker it cannot reach is left to the file's pull, which
-//! reports the problem with its remedy.
+//! Sending ahead only saves time: a follow that fails is logged, and the file's pull resumes after
+//! what arrived, reporting any real problem with its remedy.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::Mutex;
+
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 
 use super::storage::{WorkerPlan, head_fabric_addr};
 use crate::context::Context;
 use crate::event::{Event, FileBytes, Level, StepKind};
-use crate::transfer::prefix::{GrowingFile, push_prefix};
+use crate::ports::exec::Exec;
+use crate::transfer::FileJob;
+use crate::transfer::prefix::{GrowingFile, follow};
 use crate::transfer::server::FileServer;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Sends ahead once at least this much more of a file is final (fewer, larger pulls).
-const STEP: u64 = 32 << 20;
+/// How often the follows' progress is reported (and new growing files looked for).
+const TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// One worker's server for its files' partials, and their URLs.
-struct Served {
-    server: FileServer,
-    urls: HashMap<PathBuf, String>,
+/// What the follows of one run have done.
+#[derive(Default)]
+struct State {
+    /// The sum each worker took of a file it received whole, by (rank, destination).
+    sums: HashMap<(usize, PathBuf), String>,
+    /// Every follow has ended, and no file grows any more.
+    done: bool,
 }
 
-/// What was sent ahead so far, across the rounds of one run.
+/// The follows of one run: [`SendAhead::run`] drives them while the rest of the step ships the
+/// files that are final.
 #[derive(Default)]
 pub(crate) struct SendAhead {
-    servers: HashMap<usize, Served>,
-    /// Bytes each worker's `.partial` holds, by (rank, destination).
-    held: HashMap<(usize, PathBuf), u64>,
-    /// Workers whose destinations were checked to be their user's.
-    checked: HashSet<usize>,
-    /// Workers given up on for the run (their files go whole with their pulls).
-    given_up: HashSet<usize>,
+    state: Mutex<State>,
 }
 
 impl SendAhead {
-    /// Sends every worker the final bytes of its growing files it does not hold yet; the bytes
-    /// sent. A failure is logged and ends sending ahead to that worker for the run.
-    pub(crate) async fn round(&mut self, ctx: &Context, workers: &[WorkerPlan]) -> u64 {
-        let mut sent = 0;
-        for w in workers {
-            if self.given_up.contains(&w.rank) {
-                continue;
-            }
-            for g in ctx.growing_files(w.rank) {
-                let key = (w.rank, g.to.clone());
-                let held = self.held.get(&key).copied().unwrap_or(0);
-                if g.ready < held + STEP {
-                    continue;
-                }
-                match self.push(ctx, w, &g).await {
-                    Ok(now) => {
-                        sent += now.saturating_sub(held);
-                        self.held.insert(key, now);
-                        report(ctx, w, &g, now);
-                    }
-                    Err(e) => {
-                        ctx.log(
-                            StepKind::ConfigureWorkerStorage,
-                            Some(&w.node),
-                            Level::Warn,
-                            format!(
-                                "sending the start of {} ahead stopped ({}); it goes whole once final",
-                                g.to.display(),
-                                crate::causes::one_line(e.as_ref())
-                            ),
-                        );
-                        self.given_up.insert(w.rank);
-                        break;
-                    }
-                }
-            }
-        }
-        sent
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    async fn push(
-        &mut self,
-        ctx: &Context,
-        w: &WorkerPlan,
-        g: &GrowingFile,
-    ) -> Result<u64, BoxError> {
-        let exec = ctx.exec(w.rank).await?;
-        if self.checked.insert(w.rank) {
-            crate::transfer::ownership::check(
-                exec,
-                &w.node,
-                &crate::transfer::ownership::roots(std::iter::once(g.to.as_path())),
-            )
-            .await?;
-        }
-        let served = match self.servers.entry(w.rank) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(Served {
-                server: FileServer::start(std::net::SocketAddr::new(head_fabric_addr(ctx)?, 0))
-                    .await?,
-                urls: HashMap::new(),
-            }),
-        };
-        let url = served
-            .urls
-            .entry(g.from.clone())
-            .or_insert_with(|| served.server.allow(g.from.clone()))
-            .clone();
-        Ok(push_prefix(exec, &served.server, &url, g).await?)
+    /// Whether every follow has ended (the files they followed can be pulled now).
+    pub(crate) fn done(&self) -> bool {
+        self.state().done
     }
+
+    /// Gives each of `rank`'s `jobs` whose file was followed whole the sum its worker took.
+    pub(crate) fn claim(&self, rank: usize, jobs: &mut [FileJob]) {
+        let state = self.state();
+        for j in jobs {
+            if let Some(sum) = state.sums.get(&(rank, j.to.clone())) {
+                j.partial_sum = Some(sum.clone());
+            }
+        }
+    }
+
+    /// Follows every worker's growing files until the rank files are final on the head and every
+    /// follow has ended, or until the run fails or is cancelled; then [`SendAhead::done`].
+    pub(crate) async fn run(&self, ctx: &Context, workers: &[WorkerPlan]) {
+        let mut servers: HashMap<usize, FileServer> = HashMap::new();
+        let mut started: HashSet<(usize, PathBuf)> = HashSet::new();
+        let mut given_up: HashSet<usize> = HashSet::new();
+        let mut moving: HashMap<PathBuf, (&WorkerPlan, GrowingFile)> = HashMap::new();
+        let mut running = FuturesUnordered::new();
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let stages = ctx.stages();
+            if stages.failed || ctx.is_cancelled() {
+                break;
+            }
+            for w in workers {
+                if given_up.contains(&w.rank) {
+                    continue;
+                }
+                for (g, ready) in ctx.growing_files(w.rank) {
+                    if !started.insert((w.rank, g.to.clone())) {
+                        continue;
+                    }
+                    match start(ctx, w, &g, ready, &mut servers).await {
+                        Ok((exec, token, url)) => {
+                            moving.insert(g.from.clone(), (w, g.clone()));
+                            running.push(async move {
+                                let r = follow(exec, &token, &url, &g).await;
+                                (w, g, r)
+                            });
+                        }
+                        Err(e) => {
+                            warn(ctx, w, &g, e.as_ref());
+                            given_up.insert(w.rank);
+                            break;
+                        }
+                    }
+                }
+            }
+            if stages.rank_files && running.is_empty() {
+                break;
+            }
+            tokio::select! {
+                Some((w, g, r)) = running.next(), if !running.is_empty() => {
+                    moving.remove(&g.from);
+                    match r {
+                        Ok(Some(f)) => {
+                            report(ctx, w, &g, g.size);
+                            self.state().sums.insert((w.rank, g.to.clone()), f.sha256);
+                        }
+                        Ok(None) => {}
+                        Err(e) => warn(ctx, w, &g, &e),
+                    }
+                }
+                _ = tick.tick() => {
+                    for server in servers.values() {
+                        for (from, at) in server.positions() {
+                            if let Some((w, g)) = moving.get(&from) {
+                                report(ctx, w, g, at.min(g.size));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.state().done = true;
+    }
+}
+
+/// Starts following `g` to worker `w`: checks the worker's destination is its user's (once per
+/// worker), allows the file on the worker's server (started once); the worker's Exec, the
+/// server's token and the file's URL.
+async fn start<'c>(
+    ctx: &'c Context,
+    w: &WorkerPlan,
+    g: &GrowingFile,
+    ready: tokio::sync::watch::Receiver<u64>,
+    servers: &mut HashMap<usize, FileServer>,
+) -> Result<(&'c Exec, crate::secret::Secret, String), BoxError> {
+    let exec = ctx.exec(w.rank).await?;
+    crate::transfer::ownership::check(
+        exec,
+        &w.node,
+        &crate::transfer::ownership::roots(std::iter::once(g.to.as_path())),
+    )
+    .await?;
+    let server = match servers.entry(w.rank) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(FileServer::start(std::net::SocketAddr::new(head_fabric_addr(ctx)?, 0)).await?)
+        }
+    };
+    let url = server.allow_growing(g.from.clone(), g.size, ready);
+    Ok((exec, server.token().clone(), url))
+}
+
+fn warn(ctx: &Context, w: &WorkerPlan, g: &GrowingFile, e: &(dyn std::error::Error + 'static)) {
+    ctx.log(
+        StepKind::ConfigureWorkerStorage,
+        Some(&w.node),
+        Level::Warn,
+        format!(
+            "sending {} ahead as it is written stopped ({}); its pull resumes after what arrived",
+            g.to.display(),
+            crate::causes::one_line(e)
+        ),
+    );
 }
 
 /// A progress event for `g`: `held` of its bytes are on the worker.

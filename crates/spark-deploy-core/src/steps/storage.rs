@@ -522,8 +522,31 @@ impl ConfigureWorkerStorage {
 
     /// The overlapped part: ships each worker what is final on the head already (the engine's
     /// early files: Engram shards as they land, the rank file once the rank files are final),
-    /// again and again, until the fetch has finished and the rank files are final. The bytes sent.
+    /// again and again, until the fetch has finished and the rank files are final; meanwhile each
+    /// worker's rank file follows to it as it is written ([`SendAhead`]). The bytes sent (a
+    /// followed file's counted once, by its pull).
     async fn ship_early(&self, ctx: &Context, engine: &dyn Engine) -> Result<u64, StepFailure> {
+        let ahead = SendAhead::default();
+        let ship = self.ship_final(ctx, engine, &ahead);
+        let follow = ahead.run(ctx, &self.workers);
+        tokio::pin!(ship, follow);
+        let mut followed = false;
+        loop {
+            tokio::select! {
+                r = &mut ship => return r,
+                () = &mut follow, if !followed => followed = true,
+            }
+        }
+    }
+
+    /// [`Self::ship_early`]'s shipping of final files; the rank files once they are final on the
+    /// head and `ahead` has ended its follows (whose sums their pulls take).
+    async fn ship_final(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+        ahead: &SendAhead,
+    ) -> Result<u64, StepFailure> {
         let fail = |w: &WorkerPlan, e: BoxError| {
             StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
                 .at(Some(w.node.clone()), Some(w.rank))
@@ -531,15 +554,9 @@ impl ConfigureWorkerStorage {
         let mut shipped: std::collections::HashSet<(usize, PathBuf)> = Default::default();
         let mut bytes = 0;
         let mut rank_files_sent = false;
-        let mut ahead = SendAhead::default();
         loop {
             let stages = ctx.stages();
-            if !stages.rank_files {
-                // The final start of files still being written (rank files built as the shards
-                // land); the rest of each goes with its pull below, once it is final.
-                bytes += ahead.round(ctx, &self.workers).await;
-            }
-            let with_rank_files = stages.rank_files && !rank_files_sent;
+            let with_rank_files = stages.rank_files && ahead.done() && !rank_files_sent;
             if stages.failed || ctx.is_cancelled() {
                 return Err(StepFailure::new(
                     StepKind::ConfigureWorkerStorage,
@@ -549,13 +566,14 @@ impl ConfigureWorkerStorage {
             }
             let mut work = Vec::with_capacity(self.workers.len());
             for w in &self.workers {
-                let jobs: Vec<FileJob> = engine
+                let mut jobs: Vec<FileJob> = engine
                     .worker_jobs_early(ctx, w.rank, with_rank_files)
                     .await
                     .map_err(|e| fail(w, e))?
                     .into_iter()
                     .filter(|j| !shipped.contains(&(w.rank, j.to.clone())))
                     .collect();
+                ahead.claim(w.rank, &mut jobs);
                 work.push((w.rank, jobs));
             }
             if work.iter().any(|(_, j)| !j.is_empty()) {

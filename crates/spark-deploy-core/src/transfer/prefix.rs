@@ -1,25 +1,32 @@
-//! Sending the finished start of a file that is still being written on the head.
+//! Following a file that is still being written on the head.
 //!
 //! A rank file built while the checkpoint arrives is final from its first byte up to a frontier
 //! that grows as shards land (see the rank-cache build). Its worker need not wait for the whole
-//! file: [`push_prefix`] appends the final bytes past what the worker holds to the worker's
-//! `<dest>.partial`, which is exactly what an interrupted pull leaves. The file's own pull, once
-//! the file is final on the head, then resumes after them ([`super::pull`]), and checks size and
-//! sha256 of the whole file as always: a prefix that went wrong is caught there, removed, and the
-//! file sent again.
+//! file: [`follow`] runs one `curl` on the worker for the rest of the file past what its
+//! `<dest>.partial` holds, and the head's server ([`allow_growing`]) sends each byte
+//! the moment it is final, so the copy keeps pace with the build. On the worker the bytes go
+//! through `tee` into the partial and into the hash at once, as a pull's do: when the file is
+//! complete, the worker holds it whole and knows its sha256 without reading it again. The file's
+//! own pull then finds the partial complete and takes that sum ([`FileJob::partial_sum`]) instead
+//! of reading the file back, and checks it against the head's sum as always: a follow that went
+//! wrong is caught there and the file sent again. A follow that breaks off leaves a partial that
+//! the pull resumes, exactly what an interrupted pull leaves.
+//!
+//! [`FileJob::partial_sum`]: super::FileJob::partial_sum
+//! [`allow_growing`]: super::server::FileServer::allow_growing
 
 use std::path::PathBuf;
 
 use super::TransferError;
-use super::server::FileServer;
 use crate::ports::exec::{Cmd, Exec};
+use crate::secret::Secret;
 
 /// A file still being written on the head whose first `ready` bytes are final.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrowingFile {
     /// The partial file on the head.
     pub from: PathBuf,
-    /// Its final path on the worker (the prefix goes to `<to>.partial`).
+    /// Its final path on the worker (the bytes go to `<to>.partial`).
     pub to: PathBuf,
     /// The file's final size.
     pub size: u64,
@@ -27,38 +34,61 @@ pub struct GrowingFile {
     pub ready: u64,
 }
 
-/// Appends bytes `[have, upto)` of the served file to `<dest>.partial`, `have` being that
-/// partial's length; prints the partial's length after. The token comes on stdin. Nothing happens
-/// when the file is final on the worker already (its pull and manifest decide about it).
-const PUSH: &str = r#"set -u
-IFS= read -r token
-url="$1"; dest="$2"; upto="$3"; part="$dest.partial"
-[ -e "$dest" ] && { echo 0; exit 0; }
+/// Receives the rest of the served file past what `<dest>.partial` holds, hashing the whole
+/// partial as it goes (its start read once, ahead of the stream); prints `<had> <size> <sha256>`.
+/// The token comes on stdin. Prints nothing when the file is final on the worker already (its
+/// pull and manifest decide about it). No stall limit: the stream waits while the file grows; no
+/// output buffering (`-N`): what arrived is in the partial.
+const FOLLOW: &str = concat!(
+    "set -u\n",
+    sha256_shell!(),
+    r#"IFS= read -r token
+url="$1"; dest="$2"; size="$3"; part="$dest.partial"; failed="$dest.failed"
+[ -e "$dest" ] && exit 0
 mkdir -p -- "$(dirname -- "$dest")" || exit 10
 have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
-if [ "$have" -lt "$upto" ]; then
-  printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --speed-limit 1024 --speed-time 30 -H @- -r "$have-$((upto - 1))" -o - -- "$url" >> "$part" || exit 11
-fi
-stat -c %s -- "$part""#;
+if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
+rm -f -- "$failed"
+sum=$( { [ "$have" -eq 0 ] || cat -- "$part" || : > "$failed"
+  if [ "$have" -lt "$size" ]; then
+    { printf 'Authorization: Bearer %s\n' "$token" | curl -fsSN -H @- -r "$have-" -o - -- "$url" || : > "$failed"; } | { tee -a -- "$part" || : > "$failed"; }
+  fi
+} | h | cut -d' ' -f1 )
+if [ -e "$failed" ]; then rm -f -- "$failed"; echo "the stream broke off at $(stat -c %s -- "$part" 2>/dev/null || echo 0) of $size bytes" >&2; exit 11; fi
+got=$(stat -c %s -- "$part")
+[ "$got" = "$size" ] || { echo "size $got, expected $size" >&2; exit 12; }
+printf '%s %s %s\n' "$have" "$got" "$sum""#
+);
 
-/// Sends the worker behind `exec` the final bytes of `file` it does not hold yet, from `url`
-/// (`file.from` on `server`'s allow-list). Returns the bytes it holds now (0 when the file is final
-/// there already).
+/// What a follow left on the worker: its partial holds the whole file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Followed {
+    /// Bytes the partial held before (an earlier run's).
+    pub had: u64,
+    /// The sha256 of the whole partial, taken as it arrived.
+    pub sha256: String,
+}
+
+/// Has the worker behind `exec` receive the rest of `file` past what its partial holds, from
+/// `url` (`file.from` allowed with [`allow_growing`] on the server whose `token` it
+/// is), until the file is complete. `None` when the file is final on the worker already.
 ///
 /// # Errors
 ///
-/// [`TransferError::Pull`] naming the destination: the worker could not fetch or append.
-pub async fn push_prefix(
+/// [`TransferError::Pull`] naming the destination: the worker could not fetch or write, or the
+/// stream broke off (what arrived stays in the partial, for the file's pull to resume).
+///
+/// [`allow_growing`]: super::server::FileServer::allow_growing
+pub async fn follow(
     exec: &Exec,
-    server: &FileServer,
+    token: &Secret,
     url: &str,
     file: &GrowingFile,
-) -> Result<u64, TransferError> {
+) -> Result<Option<Followed>, TransferError> {
     let dest = file.to.display().to_string();
-    let upto = file.ready.min(file.size);
-    let cmd = Cmd::shell(PUSH)
-        .args(["sh", url, dest.as_str(), upto.to_string().as_str()])
-        .stdin(format!("{}\n", server.token().expose()).into_bytes());
+    let cmd = Cmd::shell(FOLLOW)
+        .args(["sh", url, dest.as_str(), file.size.to_string().as_str()])
+        .stdin(format!("{}\n", token.expose()).into_bytes());
     let fail = |detail: String| TransferError::Pull {
         node: exec.node().to_owned(),
         file: dest.clone(),
@@ -67,85 +97,209 @@ pub async fn push_prefix(
     let out = exec.output(&cmd).await.map_err(|e| fail(e.to_string()))?;
     if !out.status.success() {
         return Err(fail(format!(
-            "sending the final start of the file: {}",
+            "following the file as it is written: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .map_err(|_| fail("the worker did not report its partial's length".into()))
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    let Some(had) = words.next() else {
+        return Ok(None);
+    };
+    let parsed = (|| {
+        let had = had.parse().ok()?;
+        let _size: u64 = words.next()?.parse().ok()?;
+        let sha = words.next()?;
+        (sha.len() == 64).then(|| Followed {
+            had,
+            sha256: sha.to_owned(),
+        })
+    })();
+    parsed
+        .map(Some)
+        .ok_or_else(|| fail(format!("the worker answered {:?}", text.trim())))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transfer::expand;
-    use crate::transfer::pull::transfer;
+    use crate::transfer::server::FileServer;
+    use crate::transfer::{FileJob, expand, pull::transfer};
 
-    /// A file pushed in two steps while it "grows", then pulled whole: the worker's file is the
-    /// head's, and the pull moved only the rest past the pushed prefix.
-    #[tokio::test]
-    async fn a_pushed_prefix_is_resumed_by_the_pull_and_never_sent_again() {
-        let d = tempfile::tempdir().unwrap();
-        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 253) as u8).collect();
-        let head = d.path().join("head.partial");
-        std::fs::write(&head, &bytes).unwrap();
-        let dest = d.path().join("worker/rank-cache/rank1of2.bin");
-        let exec = Exec::local("worker-1");
+    fn pattern(n: u32) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 % 253) as u8).collect()
+    }
+
+    fn sha(b: &[u8]) -> String {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(b))
+    }
+
+    /// Waits (up to 10 s) for `path` to hold `len` bytes.
+    async fn holds(path: &std::path::Path, len: u64) -> bool {
+        for _ in 0..200 {
+            if std::fs::metadata(path).is_ok_and(|m| m.len() == len) {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// The pull of `from` to `dest` with the follow's claim; what its server sent.
+    async fn pull_with(
+        exec: &Exec,
+        from: &std::path::Path,
+        dest: &std::path::Path,
+        claim: Option<String>,
+    ) -> (usize, u64) {
         let server = FileServer::start("127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
-        let url = server.allow(head.clone());
-        let mut g = GrowingFile {
-            from: head.clone(),
-            to: dest.clone(),
-            size: bytes.len() as u64,
-            ready: 1_000_000,
-        };
-        assert_eq!(
-            push_prefix(&exec, &server, &url, &g).await.unwrap(),
-            1_000_000
-        );
-        // Nothing new is final: nothing moves.
-        assert_eq!(
-            push_prefix(&exec, &server, &url, &g).await.unwrap(),
-            1_000_000
-        );
-        g.ready = 2_000_000;
-        assert_eq!(
-            push_prefix(&exec, &server, &url, &g).await.unwrap(),
-            2_000_000
-        );
-        let partial = d.path().join("worker/rank-cache/rank1of2.bin.partial");
-        assert_eq!(std::fs::read(&partial).unwrap(), bytes[..2_000_000]);
-
-        // The file is final on the head: its pull resumes after the prefix.
-        let done = d.path().join("rank1of2.bin");
-        std::fs::rename(&head, &done).unwrap();
-        let jobs = expand(&done, &dest).unwrap();
-        let pull_server = FileServer::start("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let manifest = d.path().join("worker/.received.tsv");
+        let jobs: Vec<FileJob> = expand(from, dest)
+            .unwrap()
+            .into_iter()
+            .map(|j| FileJob {
+                partial_sum: claim.clone(),
+                ..j
+            })
+            .collect();
+        let d = dest.parent().unwrap();
         let stats = transfer(
-            &exec,
-            &pull_server,
+            exec,
+            &server,
             &jobs,
-            &manifest,
-            &d.path().join("hashes.tsv"),
+            &d.join(".received.tsv"),
+            &d.join("hashes.tsv"),
             1,
             &|_| {},
         )
         .await
         .unwrap();
-        assert_eq!(stats.sent, 1);
+        (stats.sent, server.bytes_served())
+    }
+
+    /// A file followed while it grows: the worker holds each final part before the file is
+    /// complete, ends with the whole file and its sum, and the pull then moves and reads nothing.
+    #[tokio::test]
+    async fn a_followed_file_arrives_as_it_grows_and_its_pull_moves_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let bytes = pattern(3_000_000);
+        let head = d.path().join("head.partial");
+        std::fs::write(&head, &bytes[..1_000_000]).unwrap();
+        let dest = d.path().join("worker/rank-cache/rank1of2.bin");
+        let partial = d.path().join("worker/rank-cache/rank1of2.bin.partial");
+        let exec = Exec::local("worker-1");
+        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(1_000_000u64);
+        let url = server.allow_growing(head.clone(), bytes.len() as u64, rx);
+        let g = GrowingFile {
+            from: head.clone(),
+            to: dest.clone(),
+            size: bytes.len() as u64,
+            ready: 1_000_000,
+        };
+        let followed = {
+            let (exec, token, url, g) = (
+                Exec::local("worker-1"),
+                server.token().clone(),
+                url.clone(),
+                g,
+            );
+            tokio::spawn(async move { follow(&exec, &token, &url, &g).await })
+        };
+        assert!(holds(&partial, 1_000_000).await, "the final start arrived");
+        // The file grows: each final part follows.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&head)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &bytes[1_000_000..]).unwrap();
+        tx.send_replace(2_000_000);
+        assert!(holds(&partial, 2_000_000).await);
+        assert!(!followed.is_finished(), "the follow waits for the rest");
+        tx.send_replace(3_000_000);
+        let got = followed.await.unwrap().unwrap().unwrap();
+        assert_eq!(
+            got,
+            Followed {
+                had: 0,
+                sha256: sha(&bytes)
+            }
+        );
+        assert_eq!(std::fs::read(&partial).unwrap(), bytes);
+        assert_eq!(server.bytes_served(), 3_000_000);
+
+        // Final on the head: the pull takes the follow's sum and moves nothing.
+        let done = d.path().join("rank1of2.bin");
+        std::fs::rename(&head, &done).unwrap();
+        assert_eq!(
+            pull_with(&exec, &done, &dest, Some(got.sha256)).await,
+            (1, 0)
+        );
         assert_eq!(std::fs::read(&dest).unwrap(), bytes);
         assert!(!partial.exists());
-        // The pull resumed after the prefix: it moved only the last megabyte.
-        assert_eq!(pull_server.bytes_served(), 1_000_000);
+        // Final on the worker: a follow does nothing.
+        assert_eq!(
+            follow(&exec, server.token(), &url, &g_of(&done, &dest, 3_000_000))
+                .await
+                .unwrap(),
+            None
+        );
+    }
 
-        // Final on the worker: a push does nothing.
-        assert_eq!(push_prefix(&exec, &server, &url, &g).await.unwrap(), 0);
+    fn g_of(from: &std::path::Path, to: &std::path::Path, size: u64) -> GrowingFile {
+        GrowingFile {
+            from: from.to_owned(),
+            to: to.to_owned(),
+            size,
+            ready: size,
+        }
+    }
+
+    /// A build that ends before the file is complete breaks the follow off: the worker keeps what
+    /// arrived, and the pull resumes after it. A wrong claim is never trusted: the file is sent
+    /// again, whole.
+    #[tokio::test]
+    async fn a_broken_off_follow_is_resumed_and_a_wrong_sum_is_sent_again() {
+        let d = tempfile::tempdir().unwrap();
+        let bytes = pattern(2_000_000);
+        let head = d.path().join("head.bin");
+        std::fs::write(&head, &bytes).unwrap();
+        let dest = d.path().join("worker/a.bin");
+        let exec = Exec::local("worker-1");
+        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(700_000u64);
+        let url = server.allow_growing(head.clone(), 2_000_000, rx);
+        let followed = {
+            let (exec, token, url, g) = (
+                Exec::local("worker-1"),
+                server.token().clone(),
+                url.clone(),
+                g_of(&head, &dest, 2_000_000),
+            );
+            tokio::spawn(async move { follow(&exec, &token, &url, &g).await })
+        };
+        let partial = d.path().join("worker/a.bin.partial");
+        assert!(holds(&partial, 700_000).await);
+        drop(tx);
+        let e = followed.await.unwrap().unwrap_err().to_string();
+        assert!(e.contains("broke off at 700000 of 2000000"), "{e}");
+        assert_eq!(pull_with(&exec, &head, &dest, None).await, (1, 1_300_000));
+        assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+
+        // A complete partial with a claim that is not the file's sum: sent again, whole.
+        std::fs::remove_file(&dest).unwrap();
+        std::fs::write(&partial, &pattern(2_000_001)[1..]).unwrap();
+        let wrong = sha(&pattern(2_000_001)[1..]);
+        assert_eq!(
+            pull_with(&exec, &head, &dest, Some(wrong)).await,
+            (1, 2_000_000)
+        );
+        assert_eq!(std::fs::read(&dest).unwrap(), bytes);
     }
 }

@@ -15,18 +15,25 @@ use crate::ports::exec::{Cmd, Exec};
 ///
 /// One pass over the bytes: what `curl` receives goes through `tee` into the partial and into the
 /// hash at once (a resumed partial's prefix is read once, ahead of the stream), so the file is never
-/// read back after it was written. A failed attempt (curl, the prefix or the write: marked by a
-/// `.failed` file beside the destination, since `sh` has no pipefail) that moved bytes resumes
-/// from what landed, up to 4 attempts; one that moved none (the server gone) fails at once. Hashing uses `openssl dgst` when the worker has it (SHA extensions: ~1 GB/s
-/// here, where coreutils' `sha256sum` does ~0.2 GB/s and would cap the copy), else `sha256sum`.
-const PULL: &str = r#"set -u
-if command -v openssl >/dev/null 2>&1; then h() { openssl dgst -sha256 -r "$@"; }; else h() { sha256sum "$@"; }; fi
-IFS= read -r token
+/// read back after it was written. A partial that already has the file's size is not read at all
+/// when the caller passes the sum the worker took of it as it arrived (`$7`, `<size>:<sha256>`,
+/// from following the file: see [`super::prefix`]); a partial whose sum is not the file's is sent
+/// again. A failed attempt (curl, the prefix or the
+/// write: marked by a `.failed` file beside the destination, since `sh` has no pipefail) that moved
+/// bytes resumes from what landed, up to 4 attempts; one that moved none (the server gone) fails at
+/// once. Hashing: see `sha256_shell!`.
+const PULL: &str = concat!(
+    "set -u\n",
+    sha256_shell!(),
+    r#"IFS= read -r token
 url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; manifest="$6"; part="$dest.partial"; failed="$dest.failed"
 mkdir -p -- "$(dirname -- "$dest")" "$(dirname -- "$manifest")" || exit 10
 have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
 if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
-sum=; tries=0
+sum=; tries=0; claim="${7:-}"
+if [ -n "$claim" ] && [ "$have" = "$size" ] && [ "${claim%%:*}" = "$have" ]; then
+  if [ "${claim#*:}" = "$sha" ]; then sum=$sha; else rm -f -- "$part"; have=0; fi
+fi
 while [ "$have" -lt "$size" ]; do
   tries=$((tries + 1)); rm -f -- "$failed"
   sum=$( { [ "$have" -eq 0 ] || cat -- "$part" || : > "$failed"
@@ -47,7 +54,8 @@ got=$(stat -c %s -- "$part")
 chmod "$mode" -- "$part" && mv -f -- "$part" "$dest" || exit 14
 mtime=$(stat -c %.9Y -- "$dest") || exit 14
 printf '%s\t%s\t%s\t%s\n' "$dest" "$size" "$mtime" "$sha" >> "$manifest" || exit 14
-echo "$mtime""#;
+echo "$mtime""#
+);
 
 /// Prints `<size> <mtime> <path>` for every existing argument.
 const STAT: &str =
@@ -277,6 +285,9 @@ pub async fn transfer(
                 sha.clone(),
                 format!("{:o}", j.mode),
                 manifest.display().to_string(),
+                j.partial_sum
+                    .as_ref()
+                    .map_or_else(String::new, |s| format!("{}:{s}", j.size)),
             ])
             .stdin(token_line.clone().into_bytes());
         async move { (j, sha, exec.output(&cmd).await) }

@@ -25,9 +25,18 @@ use tower_http::services::ServeFile;
 use super::TransferError;
 use crate::secret::Secret;
 
+/// A file still being written: its final size, and its final start as it grows.
+#[derive(Clone)]
+struct Growing {
+    path: PathBuf,
+    size: u64,
+    ready: tokio::sync::watch::Receiver<u64>,
+}
+
 struct Shared {
     token: Secret,
     files: std::sync::RwLock<HashMap<String, PathBuf>>,
+    growing: std::sync::RwLock<HashMap<String, Growing>>,
     /// Per served file: the offset its last response started at, and the bytes sent since.
     sent: std::sync::Mutex<HashMap<PathBuf, (u64, Arc<std::sync::atomic::AtomicU64>)>>,
 }
@@ -65,10 +74,12 @@ impl FileServer {
         let shared = Arc::new(Shared {
             token: token.clone(),
             files: std::sync::RwLock::new(HashMap::new()),
+            growing: std::sync::RwLock::new(HashMap::new()),
             sent: std::sync::Mutex::new(HashMap::new()),
         });
         let app = axum::Router::new()
             .route("/f/{id}", axum::routing::get(serve))
+            .route("/g/{id}", axum::routing::get(follow))
             .with_state(Arc::clone(&shared));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let listener = StoppableListener {
@@ -153,6 +164,28 @@ impl FileServer {
         files.insert(id.clone(), path);
         format!("http://{}/f/{id}", self.addr)
     }
+
+    /// Adds `path`, a file of `size` bytes still being written whose first `ready` bytes are
+    /// final, to the allow-list; returns its URL. A request for it (from `Range: bytes=<start>-`,
+    /// else 0) is answered with the whole rest of the file: each byte is sent once it is final,
+    /// the response waiting as long as the file grows. When `ready`'s sender is dropped before the
+    /// file reached its size, the response breaks off (the receiver keeps what arrived).
+    #[must_use]
+    pub fn allow_growing(
+        &self,
+        path: PathBuf,
+        size: u64,
+        ready: tokio::sync::watch::Receiver<u64>,
+    ) -> String {
+        let mut growing = self
+            .shared
+            .growing
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let id = growing.len().to_string();
+        growing.insert(id.clone(), Growing { path, size, ready });
+        format!("http://{}/g/{id}", self.addr)
+    }
 }
 
 impl Drop for FileServer {
@@ -182,18 +215,31 @@ fn random_token() -> String {
 /// Bytes per read of a served file.
 const READ_CHUNK: usize = 1 << 20;
 
+/// Whether `req` carries the server's token.
+fn authorised(s: &Shared, req: &Request<Body>) -> bool {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| t == s.token.expose())
+}
+
+/// A byte counter for `path`'s response starting at `start` (see [`FileServer::positions`]).
+fn count_from(s: &Shared, path: PathBuf, start: u64) -> Arc<std::sync::atomic::AtomicU64> {
+    let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    s.sent
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(path, (start, Arc::clone(&n)));
+    n
+}
+
 async fn serve(
     State(s): State<Arc<Shared>>,
     UrlPath(id): UrlPath<String>,
     req: Request<Body>,
 ) -> Response {
-    let authorised = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| t == s.token.expose());
-    if !authorised {
+    if !authorised(&s, &req) {
         return StatusCode::UNAUTHORIZED.into_response();
     }
     let Some(path) = s.files.read().ok().and_then(|f| f.get(&id).cloned()) else {
@@ -209,11 +255,7 @@ async fn serve(
         Ok(r) => {
             let (parts, body) = r.into_parts();
             let start = range_start(&parts.headers);
-            let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            s.sent
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(path, (start, Arc::clone(&n)));
+            let n = count_from(&s, path, start);
             let counted = Body::new(body).into_data_stream().inspect(move |chunk| {
                 if let Ok(c) = chunk {
                     n.fetch_add(c.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -222,6 +264,121 @@ async fn serve(
             Response::from_parts(parts, Body::from_stream(counted))
         }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// Serves a growing file ([`FileServer::allow_growing`]) from the requested start to its end.
+async fn follow(
+    State(s): State<Arc<Shared>>,
+    UrlPath(id): UrlPath<String>,
+    req: Request<Body>,
+) -> Response {
+    if !authorised(&s, &req) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let Some(g) = s.growing.read().ok().and_then(|f| f.get(&id).cloned()) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let start = req
+        .headers()
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes="))
+        .and_then(|v| v.strip_suffix('-'))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    if start >= g.size {
+        return (
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            [(header::CONTENT_RANGE, format!("bytes */{}", g.size))],
+        )
+            .into_response();
+    }
+    let file = match tokio::fs::File::open(&g.path).await {
+        Ok(f) => f,
+        Err(e) => return (StatusCode::NOT_FOUND, e.to_string()).into_response(),
+    };
+    let sent = count_from(&s, g.path.clone(), start);
+    let (size, ready) = (g.size, g.ready);
+    let body = futures::stream::unfold(
+        Follower {
+            file,
+            pos: start,
+            size,
+            ready,
+            sent,
+        },
+        Follower::next_chunk,
+    );
+    let status = if start > 0 {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
+    (
+        status,
+        [
+            (header::CONTENT_LENGTH, (size - start).to_string()),
+            (
+                header::CONTENT_RANGE,
+                format!("bytes {start}-{}/{size}", size - 1),
+            ),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// Where a growing file's response stands.
+struct Follower {
+    file: tokio::fs::File,
+    pos: u64,
+    size: u64,
+    ready: tokio::sync::watch::Receiver<u64>,
+    sent: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Follower {
+    /// The next final bytes past `pos`, waiting for them as long as the file grows; `None` at
+    /// the end. An error ends the response short (the file stopped growing, or a read failed).
+    async fn next_chunk(mut self) -> Option<(std::io::Result<bytes::Bytes>, Self)> {
+        use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
+        loop {
+            if self.pos >= self.size {
+                return None;
+            }
+            let ready = (*self.ready.borrow_and_update()).min(self.size);
+            if self.pos < ready {
+                let want = usize::try_from((ready - self.pos).min(READ_CHUNK as u64))
+                    .unwrap_or(READ_CHUNK);
+                let mut buf = vec![0u8; want];
+                let read = async {
+                    self.file.seek(std::io::SeekFrom::Start(self.pos)).await?;
+                    self.file.read_exact(&mut buf).await
+                }
+                .await;
+                return Some(match read {
+                    Ok(_) => {
+                        self.pos += want as u64;
+                        self.sent
+                            .fetch_add(want as u64, std::sync::atomic::Ordering::Relaxed);
+                        (Ok(bytes::Bytes::from(buf)), self)
+                    }
+                    Err(e) => {
+                        self.pos = self.size;
+                        (Err(e), self)
+                    }
+                });
+            }
+            if self.ready.changed().await.is_err() {
+                let e = std::io::Error::other(format!(
+                    "the file stopped growing at {ready} of {} bytes",
+                    self.size
+                ));
+                self.pos = self.size;
+                return Some((Err(e), self));
+            }
+        }
     }
 }
 

@@ -37,6 +37,16 @@ impl Drop for WishDecided<'_> {
     }
 }
 
+/// Ends the publishing of growing rank files when the build ends, however it ends (a follow of a
+/// file that never became complete then breaks off rather than waiting).
+struct GrowingEnded<'a>(&'a Context);
+
+impl Drop for GrowingEnded<'_> {
+    fn drop(&mut self) {
+        self.0.end_growing();
+    }
+}
+
 /// What the build's thread tells the step.
 enum Note {
     /// An event to emit.
@@ -190,7 +200,7 @@ pub(crate) async fn stream_rank_files(
             .collect(),
     );
     // Each worker's rank file: its partial here, its final path there. As its final start grows,
-    // the storage step sends that ahead (see `transfer::prefix`).
+    // the storage step has it follow to the worker (see `transfer::prefix`).
     let growing: Vec<(usize, GrowingFile)> = plans
         .iter()
         .filter(|p| p.rank > 0)
@@ -204,6 +214,7 @@ pub(crate) async fn stream_rank_files(
             (p.rank, g)
         })
         .collect();
+    let _ended = GrowingEnded(ctx);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
     let cancel = ctx.cancel_signal();
     let (out, opts, node_name) = (out.to_path_buf(), opts.clone(), node.to_owned());
