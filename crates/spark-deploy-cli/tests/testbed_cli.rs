@@ -612,8 +612,12 @@ fn timed_up(config: &std::path::Path) -> TimedUp {
         .unwrap();
     let mut moved = None;
     let (mut rank1_written, mut sent_ahead) = (false, 0u64);
+    let mut follow_stopped = None;
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
+        if follow_stopped.is_none() && line.contains("as it is written stopped") {
+            follow_stopped = Some(line.clone());
+        }
         if moved.is_none()
             && line.contains("configure_worker_storage")
             && (line.contains("\"finished\"") || line.contains("\"skipped\""))
@@ -635,6 +639,7 @@ fn timed_up(config: &std::path::Path) -> TimedUp {
         moved_s: moved.unwrap_or_else(|| t.elapsed().as_secs_f64()),
         ok,
         sent_ahead,
+        follow_stopped,
     }
 }
 
@@ -646,6 +651,8 @@ struct TimedUp {
     ok: bool,
     /// Bytes of the worker's rank file on the worker before the head had written all of it.
     sent_ahead: u64,
+    /// The warning of a follow of a growing rank file that ended before the file was complete.
+    follow_stopped: Option<String>,
 }
 
 /// The testbed and the deployment on it, taken down whatever happens.
@@ -724,8 +731,11 @@ fn testbed_a_first_deploy_killed_at_30_60_and_90_percent_resumes_moving_under_1_
         moved_s,
         ok,
         sent_ahead,
+        follow_stopped,
     } = timed_up(&config_path);
     assert!(ok, "the uninterrupted up failed");
+    // Followed to its end: the rank file's pull took the worker's sum, it did not resume.
+    assert_eq!(follow_stopped, None);
     let fetched = hub.bytes_served() - h0;
     let received = fabric_rx(&w.container, w.fabric_addr) - r0;
     println!(

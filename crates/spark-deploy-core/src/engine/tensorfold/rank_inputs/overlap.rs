@@ -242,11 +242,13 @@ pub(crate) async fn stream_rank_files(
         };
         build_rank_caches_streaming(&plans, &out, &opts, &mut next, &mut progress)
     });
+    let mut published = std::collections::HashSet::new();
     while let Some(note) = rx.recv().await {
         match note {
             Note::Event(ev) => ctx.emit(ev),
             Note::Final { rank, prefix } => {
                 if let Some((_, g)) = growing.iter().find(|(r, _)| *r == rank && prefix > 0) {
+                    published.insert(rank);
                     ctx.publish_growing(
                         rank,
                         GrowingFile {
@@ -258,7 +260,14 @@ pub(crate) async fn stream_rank_files(
             }
         }
     }
-    work.await
+    let built = work
+        .await
         .map_err(|e| fail(Box::new(e)))?
-        .map_err(|e| fail(Box::new(e)))
+        .map_err(|e| fail(Box::new(e)))?;
+    // Complete: the trailer after the data (the index) is final too. A file followed so far is
+    // followed to its end (the follow holds the file open: its rename does not matter).
+    for (rank, g) in growing.into_iter().filter(|(r, _)| published.contains(r)) {
+        ctx.publish_growing(rank, GrowingFile { ready: g.size, ..g });
+    }
+    Ok(built)
 }
