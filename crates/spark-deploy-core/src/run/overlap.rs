@@ -105,11 +105,6 @@ pub(super) async fn run_group(
     }
     let first_failed = &first_failed;
     let with_preflight = steps.iter().any(|s| s.kind() == StepKind::Preflight);
-    // Preflight's verdict comes first: a step that fails while Preflight still runs (an
-    // unreachable Hub, say) is reported only once Preflight passed; a failing Preflight is the
-    // run's failure, with every check it names.
-    let (preflight_over, _) = tokio::sync::watch::channel(!with_preflight);
-    let preflight_over = &preflight_over;
     let runs = steps.iter().enumerate().map(|(k, step)| async move {
         let t = Instant::now();
         let mut work = std::pin::pin!(async move {
@@ -136,19 +131,12 @@ pub(super) async fn run_group(
                 }
             }
         };
-        let is_preflight = step.kind() == StepKind::Preflight;
         if result.is_err() {
-            if !is_preflight {
-                let _ = preflight_over.subscribe().wait_for(|over| *over).await;
-            }
             first_failed
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .get_or_insert(k);
             ctx.mark_stage(|s| s.failed = true);
-        }
-        if is_preflight {
-            preflight_over.send_replace(true);
         }
         (first + k, settle(ctx, step.kind(), result, t), t)
     });
