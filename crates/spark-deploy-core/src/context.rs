@@ -139,8 +139,6 @@ pub struct Context {
 /// flag turns true once, when that stage has finished successfully.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stages {
-    /// Preflight passed (it runs beside the fetch and the build when it comes just before them).
-    pub preflighted: bool,
     /// FetchCheckpoint has every file (and the commits are known).
     pub fetched: bool,
     /// BuildRankCache has every rank file under its final name on the head.
@@ -224,7 +222,6 @@ impl Context {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .unwrap_or(Stages {
-                preflighted: true,
                 fetched: true,
                 rank_files: true,
                 built: true,

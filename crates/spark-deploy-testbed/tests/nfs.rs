@@ -60,8 +60,8 @@ async fn scenario(info: &TestbedInfo, home: &Path) -> R<()> {
     let _ = worker.remove_image(&worker_image).await;
 
     // 0. The head's exports are checked as on a Spark: without an export of the cache to the
-    //    worker's fabric address, Preflight refuses, before anything reaches the worker, with
-    //    the exportfs line that fixes it (and creates nothing there).
+    //    worker's fabric address, Preflight refuses, before anything is downloaded, with the
+    //    exportfs line that fixes it (and creates nothing).
     let _ = std::fs::remove_file(EXPORTS);
     let err = plan()
         .run(&Context::new(v.clone(), Arc::new(Recorder::default())))

@@ -1,9 +1,7 @@
 //! FetchCheckpoint, BuildRankCache, ConfigureWorkerStorage and BuildImage at the same time
 //! (`lifecycle.overlap`): the fetch links each file the moment it verifies, the build writes each
 //! shard's entries as the shard lands, the copy sends each rank file as soon as it is final, and
-//! the engine image is built and shipped meanwhile. A Preflight just before them runs with them:
-//! the fetch and the build (the head's work) start at once, the copy and the image (the workers')
-//! once Preflight passed.
+//! the engine image is built and shipped meanwhile.
 //! The steps coordinate through [`Context::stages`]; each emits its own `Started` at once and its
 //! `Finished` (or `Skipped`) when it ends, so the events draw the overlap.
 //!
@@ -35,18 +33,8 @@ const GROUP: [StepKind; 4] = [
 ];
 
 /// How many steps from `index` run together: the preparation steps in a row (at least the
-/// first three; a fetch that downloads, `lifecycle.overlap` on, a policy that prepares), with the
-/// Preflight just before them, else 1.
+/// first three; a fetch that downloads, `lifecycle.overlap` on, a policy that prepares), else 1.
 pub(super) fn group_width(steps: &[Step], index: usize, ctx: &Context) -> usize {
-    if steps[index].kind() == StepKind::Preflight && index + 1 < steps.len() {
-        let rest = preparation_width(steps, index + 1, ctx);
-        return if rest > 1 { rest + 1 } else { 1 };
-    }
-    preparation_width(steps, index, ctx)
-}
-
-/// The steps of `GROUP` in a row from `index` when they run together, else 1.
-fn preparation_width(steps: &[Step], index: usize, ctx: &Context) -> usize {
     let width = steps[index..]
         .iter()
         .zip(GROUP)
@@ -62,17 +50,6 @@ fn preparation_width(steps: &[Step], index: usize, ctx: &Context) -> usize {
     } else {
         1
     }
-}
-
-/// Whether a step of the group acts on the workers (or needs what Preflight detected about
-/// them): it starts once Preflight passed. The fetch and the rank files' build work on the head
-/// alone and start with Preflight: a Preflight that fails stops them, their partial files left
-/// for the next run to resume.
-fn touches_workers(kind: StepKind) -> bool {
-    !matches!(
-        kind,
-        StepKind::Preflight | StepKind::FetchCheckpoint | StepKind::BuildRankCache
-    )
 }
 
 /// Resolves once an overlapped step has failed.
@@ -104,20 +81,9 @@ pub(super) async fn run_group(
         });
     }
     let first_failed = &first_failed;
-    let with_preflight = steps.iter().any(|s| s.kind() == StepKind::Preflight);
     let runs = steps.iter().enumerate().map(|(k, step)| async move {
         let t = Instant::now();
-        let mut work = std::pin::pin!(async move {
-            if with_preflight && touches_workers(step.kind()) {
-                ctx.wait_for(step.kind(), |c| c.stages().preflighted)
-                    .await?;
-            }
-            let r = run_step(step, ctx, engine).await;
-            if step.kind() == StepKind::Preflight && r.is_ok() {
-                ctx.mark_stage(|s| s.preflighted = true);
-            }
-            r
-        });
+        let mut work = std::pin::pin!(run_step(step, ctx, engine));
         let result = tokio::select! {
             r = &mut work => r,
             () = another_failed(ctx) => {

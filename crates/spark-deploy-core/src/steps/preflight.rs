@@ -143,10 +143,7 @@ async fn unchanged_running_pair(ctx: &Context) -> Option<String> {
         }
     }
     ctx.update_facts(|f| {
-        // A fetch running alongside (the overlapped `up`) knows the commit it fetches: it wins.
-        if !matches!(f.model_commit, Detected::Known(_)) {
-            f.model_commit = Detected::Known(record.model_commit.clone());
-        }
+        f.model_commit = Detected::Known(record.model_commit.clone());
         f.nodes.clone_from(&record.nodes);
         f.context = record.context;
     });
