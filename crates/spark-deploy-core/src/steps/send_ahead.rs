@@ -135,9 +135,9 @@ impl SendAhead {
     }
 }
 
-/// Starts following `g` to worker `w`: checks the worker's destination is its user's (once per
-/// worker), allows the file on the worker's server (started once); the worker's Exec, the
-/// server's token and the file's URL.
+/// Starts following `g` to worker `w`: checks the worker's destination is its user's, allows the
+/// file on the worker's server (started with its first file); the worker's Exec, the server's
+/// token and the file's URL.
 async fn start<'c>(
     ctx: &'c Context,
     w: &WorkerPlan,

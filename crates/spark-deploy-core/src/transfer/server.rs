@@ -155,13 +155,7 @@ impl FileServer {
     /// Adds `path` to the allow-list; returns its URL.
     #[must_use]
     pub fn allow(&self, path: PathBuf) -> String {
-        let mut files = self
-            .shared
-            .files
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let id = files.len().to_string();
-        files.insert(id.clone(), path);
+        let id = register(&self.shared.files, path);
         format!("http://{}/f/{id}", self.addr)
     }
 
@@ -177,15 +171,37 @@ impl FileServer {
         size: u64,
         ready: tokio::sync::watch::Receiver<u64>,
     ) -> String {
-        let mut growing = self
-            .shared
-            .growing
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let id = growing.len().to_string();
-        growing.insert(id.clone(), Growing { path, size, ready });
+        let id = register(&self.shared.growing, Growing { path, size, ready });
         format!("http://{}/g/{id}", self.addr)
     }
+}
+
+/// Adds `entry` to `table` under the next free id; the id.
+fn register<T>(table: &std::sync::RwLock<HashMap<String, T>>, entry: T) -> String {
+    let mut table = table
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let id = table.len().to_string();
+    table.insert(id.clone(), entry);
+    id
+}
+
+/// The entry of `table` that `id` names, when `req` carries the server's token; else the
+/// status that refuses it (401, or 404 for an id never allowed).
+fn lookup<T: Clone>(
+    s: &Shared,
+    req: &Request<Body>,
+    table: &std::sync::RwLock<HashMap<String, T>>,
+    id: &str,
+) -> Result<T, StatusCode> {
+    if !authorised(s, req) {
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    table
+        .read()
+        .ok()
+        .and_then(|t| t.get(id).cloned())
+        .ok_or(StatusCode::NOT_FOUND)
 }
 
 impl Drop for FileServer {
@@ -239,11 +255,9 @@ async fn serve(
     UrlPath(id): UrlPath<String>,
     req: Request<Body>,
 ) -> Response {
-    if !authorised(&s, &req) {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
-    let Some(path) = s.files.read().ok().and_then(|f| f.get(&id).cloned()) else {
-        return StatusCode::NOT_FOUND.into_response();
+    let path = match lookup(&s, &req, &s.files, &id) {
+        Ok(path) => path,
+        Err(refused) => return refused.into_response(),
     };
     // 1 MiB reads (the default is 64 KiB): each read is a blocking-pool round trip, and with
     // several workers pulling at once their per-chunk cost is what the head's cores spend.
@@ -273,11 +287,9 @@ async fn follow(
     UrlPath(id): UrlPath<String>,
     req: Request<Body>,
 ) -> Response {
-    if !authorised(&s, &req) {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
-    let Some(g) = s.growing.read().ok().and_then(|f| f.get(&id).cloned()) else {
-        return StatusCode::NOT_FOUND.into_response();
+    let g = match lookup(&s, &req, &s.growing, &id) {
+        Ok(g) => g,
+        Err(refused) => return refused.into_response(),
     };
     let start = req
         .headers()
