@@ -2,10 +2,10 @@
 //!
 //! A rank file built while the checkpoint arrives is final from its first byte up to a frontier
 //! that grows as shards land (see the rank-cache build). Its worker need not wait for the whole
-//! file: [`follow`] runs one `curl` on the worker for the rest of the file past what its
-//! `<dest>.partial` holds, and the head's server ([`allow_growing`]) sends each byte
-//! the moment it is final, so the copy keeps pace with the build. On the worker the bytes go
-//! through `tee` into the partial and into the hash at once, as a pull's do: when the file is
+//! file: [`follow`] has the worker request the rest of the file past what its
+//! `<dest>.partial` holds, in one request, and the head's server ([`allow_growing`]) sends each
+//! byte the moment it is final, so the copy keeps pace with the build. On the worker the bytes go
+//! into the partial and into the hash at once, as a pull's do (`receive_shell!`): when the file is
 //! complete, the worker holds it whole and knows its sha256 without reading it again. The file's
 //! own pull then finds the partial complete and takes that sum ([`FileJob::partial_sum`]) instead
 //! of reading the file back, and checks it against the head's sum as always: a follow that went
@@ -37,11 +37,12 @@ pub struct GrowingFile {
 /// Receives the rest of the served file past what `<dest>.partial` holds, hashing the whole
 /// partial as it goes (its start read once, ahead of the stream); prints `<had> <size> <sha256>`.
 /// The token comes on stdin. Prints nothing when the file is final on the worker already (its
-/// pull and manifest decide about it). No stall limit: the stream waits while the file grows; no
-/// output buffering (`-N`): what arrived is in the partial.
+/// pull and manifest decide about it). No stall limit: the stream waits while the file grows; each
+/// block is written as it arrives: what arrived is in the partial.
 const FOLLOW: &str = concat!(
     "set -u\n",
     sha256_shell!(),
+    receive_shell!(),
     r#"IFS= read -r token
 url="$1"; dest="$2"; size="$3"; part="$dest.partial"; failed="$dest.failed"
 [ -e "$dest" ] && exit 0
@@ -49,11 +50,7 @@ mkdir -p -- "$(dirname -- "$dest")" || exit 10
 have=0; [ -f "$part" ] && have=$(stat -c %s -- "$part")
 if [ "$have" -gt "$size" ]; then rm -f -- "$part"; have=0; fi
 rm -f -- "$failed"
-sum=$( { [ "$have" -eq 0 ] || cat -- "$part" || : > "$failed"
-  if [ "$have" -lt "$size" ]; then
-    { printf 'Authorization: Bearer %s\n' "$token" | curl -fsSN -H @- -r "$have-" -o - -- "$url" || : > "$failed"; } | { tee -a -- "$part" || : > "$failed"; }
-  fi
-} | h | cut -d' ' -f1 )
+if [ "$have" -lt "$size" ]; then sum=$(receive 0); else sum=$(h "$part" | cut -d' ' -f1); fi
 if [ -e "$failed" ]; then rm -f -- "$failed"; echo "the stream broke off at $(stat -c %s -- "$part" 2>/dev/null || echo 0) of $size bytes" >&2; exit 11; fi
 got=$(stat -c %s -- "$part")
 [ "$got" = "$size" ] || { echo "size $got, expected $size" >&2; exit 12; }

@@ -13,18 +13,19 @@ use crate::ports::exec::{Cmd, Exec};
 /// `.partial`, checks size and sha256, renames, records the file in the manifest (so a run that
 /// ends early never sends it again) and prints the final mtime.
 ///
-/// One pass over the bytes: what `curl` receives goes through `tee` into the partial and into the
-/// hash at once (a resumed partial's prefix is read once, ahead of the stream), so the file is never
-/// read back after it was written. A partial that already has the file's size is not read at all
+/// One pass over the bytes: each block received is hashed and appended to the partial at once (a
+/// resumed partial's prefix is read once, ahead of the stream: `receive_shell!`), so the file is
+/// never read back after it was written. A stream that moves nothing for 30 s fails the attempt. A partial that already has the file's size is not read at all
 /// when the caller passes the sum the worker took of it as it arrived (`$7`, `<size>:<sha256>`,
 /// from following the file: see [`super::prefix`]); a partial whose sum is not the file's is sent
-/// again. A failed attempt (curl, the prefix or the
+/// again. A failed attempt (the stream, the prefix or the
 /// write: marked by a `.failed` file beside the destination, since `sh` has no pipefail) that moved
 /// bytes resumes from what landed, up to 4 attempts; one that moved none (the server gone) fails at
 /// once. Hashing: see `sha256_shell!`.
 const PULL: &str = concat!(
     "set -u\n",
     sha256_shell!(),
+    receive_shell!(),
     r#"IFS= read -r token
 url="$1"; dest="$2"; size="$3"; sha="$4"; mode="$5"; manifest="$6"; part="$dest.partial"; failed="$dest.failed"
 mkdir -p -- "$(dirname -- "$dest")" "$(dirname -- "$manifest")" || exit 10
@@ -36,9 +37,7 @@ if [ -n "$claim" ] && [ "$have" = "$size" ] && [ "${claim%%:*}" = "$have" ]; the
 fi
 while [ "$have" -lt "$size" ]; do
   tries=$((tries + 1)); rm -f -- "$failed"
-  sum=$( { [ "$have" -eq 0 ] || cat -- "$part" || : > "$failed"
-    { printf 'Authorization: Bearer %s\n' "$token" | curl -fsS --speed-limit 1024 --speed-time 30 -H @- -C "$have" -o - -- "$url" || : > "$failed"; } | { tee -a -- "$part" || : > "$failed"; }
-  } | h | cut -d' ' -f1 )
+  sum=$(receive 30)
   [ -f "$part" ] || : > "$part"
   before=$have; have=$(stat -c %s -- "$part")
   [ -e "$failed" ] || break
@@ -364,4 +363,102 @@ pub async fn transfer(
         .await
         .map_err(|e| pull_err(manifest, e.to_string()))?;
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `PATH` holding every tool the pull script uses except `python3`: a worker without it.
+    fn path_without_python3(dir: &Path) -> std::ffi::OsString {
+        std::fs::create_dir_all(dir).unwrap();
+        let tools = [
+            "cat", "chmod", "curl", "cut", "dirname", "mkdir", "mv", "openssl", "rm", "sleep",
+            "stat", "tee",
+        ];
+        for tool in tools {
+            let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                .map(|d| d.join(tool))
+                .find(|p| p.is_file())
+                .unwrap_or_else(|| panic!("{tool} is needed on this machine for the test"));
+            std::os::unix::fs::symlink(found, dir.join(tool)).unwrap();
+        }
+        dir.as_os_str().to_owned()
+    }
+
+    /// Runs the pull script for `file` towards `dest` with `path` as the worker's `PATH`.
+    async fn pull_with_path(
+        path: &std::ffi::OsStr,
+        server: &FileServer,
+        file: &Path,
+        dest: &Path,
+    ) -> std::process::Output {
+        use tokio::io::AsyncWriteExt as _;
+        let size = std::fs::metadata(file).unwrap().len();
+        let sha = crate::digest::sha256_file(file).unwrap();
+        let manifest = dest.with_file_name("manifest.tsv");
+        let mut child = tokio::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(PULL)
+            .arg("sh")
+            .arg(server.allow(file.to_owned()))
+            .arg(dest)
+            .arg(size.to_string())
+            .arg(sha)
+            .arg("644")
+            .arg(manifest)
+            .env("PATH", path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(format!("{}\n", server.token().expose()).as_bytes())
+            .await
+            .unwrap();
+        drop(stdin);
+        child.wait_with_output().await.unwrap()
+    }
+
+    /// Without `python3` the worker receives with `curl | tee | openssl`: the same resume from a
+    /// partial, the same one-pass sum, and a damaged partial is refused and removed the same way.
+    #[tokio::test]
+    async fn a_worker_without_python3_receives_with_curl_and_the_same_checks() {
+        let d = tempfile::tempdir().unwrap();
+        let path = path_without_python3(&d.path().join("bin"));
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 11 % 253) as u8).collect();
+        let src = d.path().join("big.bin");
+        std::fs::write(&src, &big).unwrap();
+        let dest = d.path().join("dst/big.bin");
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        let partial = d.path().join("dst/big.bin.partial");
+        std::fs::write(&partial, &big[..1_000_000]).unwrap();
+        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let out = pull_with_path(&path, &server, &src, &dest).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(std::fs::read(&dest).unwrap(), big);
+        assert_eq!(server.bytes_served(), 2_000_000, "only the rest was sent");
+        // A damaged partial: its bytes are hashed ahead of the stream, the sum disagrees, and
+        // the partial goes.
+        std::fs::remove_file(&dest).unwrap();
+        let mut damaged = big[..1_500_000].to_vec();
+        damaged[4321] ^= 0x01;
+        std::fs::write(&partial, &damaged).unwrap();
+        let out = pull_with_path(&path, &server, &src, &dest).await;
+        assert_eq!(out.status.code(), Some(13));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("sha256"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!dest.exists() && !partial.exists());
+    }
 }

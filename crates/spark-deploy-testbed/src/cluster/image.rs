@@ -18,7 +18,9 @@ use super::labels;
 /// Bumped when the recipe changes in a way its inputs do not show.
 const RECIPE_VERSION: &str = "1";
 /// Packages of the node image. `tcc` and `libc6-dev` make it the engine build's base too
-/// (`engine_build::BUILD_BASE` compiles the testbed's C engine with them).
+/// (`engine_build::BUILD_BASE` compiles the testbed's C engine with them). `python3` is what a
+/// Spark's OS has and the copy's receiver prefers (the core's transfer falls back to
+/// `curl | tee | openssl` without it; its tests cover both).
 pub const PACKAGES: &[&str] = &[
     "openssh-server",
     "iproute2",
@@ -26,6 +28,7 @@ pub const PACKAGES: &[&str] = &[
     "curl",
     "rsync",
     "openssl",
+    "python3",
     "tcc",
     "libc6-dev",
 ];
