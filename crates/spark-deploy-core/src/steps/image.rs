@@ -311,10 +311,8 @@ impl BuildImage {
                     })?,
                 );
             }
-            // Overlapped: the binaries travel once ConfigureWorkerStorage is done, since both
-            // record what arrived in the worker's one manifest.
-            ctx.wait_for(StepKind::BuildImage, |c| c.stages().stored)
-                .await?;
+            // Overlapped, the binaries travel alongside ConfigureWorkerStorage's copy (each
+            // step records what it shipped in its own manifest on the worker).
             let stats = super::storage::ship(ctx, StepKind::BuildImage, i, &jobs)
                 .await
                 .map_err(|e| fail(e, "a re-run resumes".into()))?;
@@ -323,7 +321,12 @@ impl BuildImage {
                 work.push(format!("{} engine file(s) to {}", stats.sent, n.node));
             }
         }
-        // `nfs` mode: the worker's volume is mounted from a container of this image.
+        // `nfs` mode: the worker's volume (ConfigureWorkerStorage creates it: overlapped, wait
+        // for that step) is mounted from a container of this image.
+        if super::storage::mounts_nfs(ctx, engine) {
+            ctx.wait_for(StepKind::BuildImage, |c| c.stages().stored)
+                .await?;
+        }
         super::storage::verify_nfs_mounts(ctx, engine)
             .await
             .map_err(|e| {

@@ -186,6 +186,16 @@ pub(crate) fn head_fabric_addr(ctx: &Context) -> Result<IpAddr, BoxError> {
         })
 }
 
+/// The name of the manifest (in a worker's data directory) of the files `step` shipped there.
+/// Each step has its own: in an overlapped `up` BuildImage ships the engine binaries while
+/// ConfigureWorkerStorage ships the checkpoint, and a transfer rewrites its manifest when it ends.
+fn manifest_name(step: StepKind) -> &'static str {
+    match step {
+        StepKind::BuildImage => ".spark-deploy-received-engine.tsv",
+        _ => ".spark-deploy-received.tsv",
+    }
+}
+
 /// Ships each `(worker index, jobs)` over the fabric, every worker at the same time
 /// ([`fan_out::feed`]); each worker's outcome in order. The outer error: nothing could start
 /// (the head's fabric address unknown, a worker's destination not its user's, a source
@@ -210,7 +220,7 @@ pub(crate) async fn ship_all(
     }
     let manifests: Vec<PathBuf> = workers
         .iter()
-        .map(|(i, _)| PathBuf::from(&c.nodes[*i].data_dir).join(".spark-deploy-received.tsv"))
+        .map(|(i, _)| PathBuf::from(&c.nodes[*i].data_dir).join(manifest_name(step)))
         .collect();
     let targets: Vec<fan_out::Target<'_>> = workers
         .iter()
@@ -396,6 +406,14 @@ async fn verify_one(
         ),
     );
     Ok(())
+}
+
+/// Whether any worker mounts an NFS volume (`nfs` mode).
+pub(crate) fn mounts_nfs(ctx: &Context, engine: &dyn Engine) -> bool {
+    ConfigureWorkerStorage::new(engine, ctx.config(), &ctx.facts())
+        .workers
+        .iter()
+        .any(|w| w.nfs_volume.is_some())
 }
 
 /// Verifies every worker's NFS volume from a container of the engine image (BuildImage calls it
