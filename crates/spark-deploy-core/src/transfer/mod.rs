@@ -18,28 +18,30 @@ macro_rules! sha256_shell {
 }
 
 /// The shell function `receive <stall seconds, 0 for none>` both worker scripts fetch with: it
-/// appends the rest of `$url` past the `$have` bytes `$part` holds and prints the sha256 of the
-/// whole partial, taken in the same pass; on failure it creates `$failed` (what arrived stays in
-/// the partial). With `python3` on the worker, one process receives, hashes and writes each block
-/// from one buffer (`receive.py`); without it, `curl | tee | h`, whose pipes cost about twice the
-/// CPU per byte (see docs/first-deploy.md). The caller sets `token`, `url`, `part`, `have` and
-/// `failed`, and defines `h` ([`sha256_shell`]).
+/// appends the rest of `$url` past the `$have` bytes `$part` holds (of `$size`) and prints the
+/// sha256 of the whole partial, taken in the same pass; on failure it creates `$failed` (what
+/// arrived stays in the partial). When 32 MiB or more remain and the worker has `python3`, one
+/// process receives, hashes and writes each block from one buffer (`receive.py`); else
+/// `curl | tee | h`, whose pipes cost about twice the CPU per byte but which starts in a fraction
+/// of Python's start-up, the better trade for a small file (see docs/first-deploy.md). The
+/// caller sets `token`, `url`, `part`, `have`, `size` and `failed`, and defines `h`
+/// ([`sha256_shell`]).
 macro_rules! receive_shell {
     () => {
         concat!(
             "recv_py='",
             include_str!("receive.py"),
             r#"'
-if command -v python3 >/dev/null 2>&1; then
-  receive() { printf '%s\n' "$token" | python3 -c "$recv_py" "$url" "$part" "$have" "$1" || : > "$failed"; }
-else
-  receive() {
-    if [ "$1" -gt 0 ]; then set -- --speed-limit 1024 --speed-time "$1"; else set --; fi
-    { [ "$have" -eq 0 ] || cat -- "$part" || : > "$failed"
-      { printf 'Authorization: Bearer %s\n' "$token" | curl -fsSN "$@" -H @- -r "$have-" -o - -- "$url" || : > "$failed"; } | { tee -a -- "$part" || : > "$failed"; }
-    } | h | cut -d' ' -f1
-  }
-fi
+receive() {
+  if [ $((size - have)) -ge 33554432 ] && command -v python3 >/dev/null 2>&1; then
+    printf '%s\n' "$token" | python3 -c "$recv_py" "$url" "$part" "$have" "$1" || : > "$failed"
+    return 0
+  fi
+  if [ "$1" -gt 0 ]; then set -- --speed-limit 1024 --speed-time "$1"; else set --; fi
+  { [ "$have" -eq 0 ] || cat -- "$part" || : > "$failed"
+    { printf 'Authorization: Bearer %s\n' "$token" | curl -fsSN "$@" -H @- -r "$have-" -o - -- "$url" || : > "$failed"; } | { tee -a -- "$part" || : > "$failed"; }
+  } | h | cut -d' ' -f1
+}
 "#
         )
     };

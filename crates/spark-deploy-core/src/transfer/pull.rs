@@ -369,18 +369,28 @@ pub async fn transfer(
 mod tests {
     use super::*;
 
-    /// A `PATH` holding every tool the pull script uses except `python3`: a worker without it.
-    fn path_without_python3(dir: &Path) -> std::ffi::OsString {
+    /// The tools every worker script uses, besides the receivers (`curl`, `python3`).
+    const TOOLS: &[&str] = &[
+        "cat", "chmod", "cut", "dirname", "mkdir", "mv", "openssl", "rm", "sleep", "stat", "tee",
+    ];
+
+    /// A `PATH` of one directory holding [`TOOLS`] and `extra` (found on this machine's `PATH`;
+    /// `python3` as the interpreter itself, not a version manager's shim that needs more tools).
+    fn worker_path(dir: &Path, extra: &[&str]) -> std::ffi::OsString {
         std::fs::create_dir_all(dir).unwrap();
-        let tools = [
-            "cat", "chmod", "curl", "cut", "dirname", "mkdir", "mv", "openssl", "rm", "sleep",
-            "stat", "tee",
-        ];
-        for tool in tools {
-            let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-                .map(|d| d.join(tool))
-                .find(|p| p.is_file())
-                .unwrap_or_else(|| panic!("{tool} is needed on this machine for the test"));
+        for tool in TOOLS.iter().chain(extra) {
+            let found = if *tool == "python3" {
+                let out = std::process::Command::new("python3")
+                    .args(["-c", "import sys; print(sys.executable)"])
+                    .output()
+                    .expect("python3 is needed on this machine for the test");
+                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+            } else {
+                std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                    .map(|d| d.join(tool))
+                    .find(|p| p.is_file())
+                    .unwrap_or_else(|| panic!("{tool} is needed on this machine for the test"))
+            };
             std::os::unix::fs::symlink(found, dir.join(tool)).unwrap();
         }
         dir.as_os_str().to_owned()
@@ -422,43 +432,98 @@ mod tests {
         child.wait_with_output().await.unwrap()
     }
 
-    /// Without `python3` the worker receives with `curl | tee | openssl`: the same resume from a
-    /// partial, the same one-pass sum, and a damaged partial is refused and removed the same way.
-    #[tokio::test]
-    async fn a_worker_without_python3_receives_with_curl_and_the_same_checks() {
-        let d = tempfile::tempdir().unwrap();
-        let path = path_without_python3(&d.path().join("bin"));
-        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 11 % 253) as u8).collect();
-        let src = d.path().join("big.bin");
-        std::fs::write(&src, &big).unwrap();
-        let dest = d.path().join("dst/big.bin");
+    /// A file of `len` bytes (a pattern no block repeats at a power-of-two stride).
+    fn pattern(len: u32) -> Vec<u8> {
+        (0..len).map(|i| (i * 11 % 253) as u8).collect()
+    }
+
+    /// Resumes `dest`'s partial (its first `had` bytes of `file`) with `path`: the whole file
+    /// arrives and only the rest is sent; then a damaged partial is refused and removed.
+    async fn resumes_and_refuses_a_damaged_partial(
+        path: &std::ffi::OsStr,
+        server: &FileServer,
+        file: &Path,
+        dest: &Path,
+        had: usize,
+    ) {
+        let data = std::fs::read(file).unwrap();
+        let partial = dest.with_file_name("big.bin.partial");
         std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        let partial = d.path().join("dst/big.bin.partial");
-        std::fs::write(&partial, &big[..1_000_000]).unwrap();
-        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let out = pull_with_path(&path, &server, &src, &dest).await;
+        std::fs::write(&partial, &data[..had]).unwrap();
+        let out = pull_with_path(path, server, file, dest).await;
         assert!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(std::fs::read(&dest).unwrap(), big);
-        assert_eq!(server.bytes_served(), 2_000_000, "only the rest was sent");
+        assert!(
+            std::fs::read(dest).unwrap() == data,
+            "the file arrived whole"
+        );
+        assert_eq!(
+            server.bytes_served(),
+            (data.len() - had) as u64,
+            "only the rest was sent"
+        );
         // A damaged partial: its bytes are hashed ahead of the stream, the sum disagrees, and
         // the partial goes.
-        std::fs::remove_file(&dest).unwrap();
-        let mut damaged = big[..1_500_000].to_vec();
+        std::fs::remove_file(dest).unwrap();
+        let mut damaged = data[..had].to_vec();
         damaged[4321] ^= 0x01;
         std::fs::write(&partial, &damaged).unwrap();
-        let out = pull_with_path(&path, &server, &src, &dest).await;
-        assert_eq!(out.status.code(), Some(13));
+        let out = pull_with_path(path, server, file, dest).await;
+        assert_eq!(
+            out.status.code(),
+            Some(13),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(
             String::from_utf8_lossy(&out.stderr).contains("sha256"),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(!dest.exists() && !partial.exists());
+    }
+
+    /// With 32 MiB or more to receive, the worker's `python3` receives (here the worker has no
+    /// `curl`, so nothing else could): resume, one-pass sum and refusal as with `curl`. A small
+    /// file is left to `curl` (without it, that pull fails).
+    #[tokio::test]
+    async fn python3_receives_a_large_file_and_curl_a_small_one() {
+        let d = tempfile::tempdir().unwrap();
+        let path = worker_path(&d.path().join("bin"), &["python3"]);
+        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let big = d.path().join("big.bin");
+        std::fs::write(&big, pattern(40 << 20)).unwrap();
+        let dest = d.path().join("dst/big.bin");
+        resumes_and_refuses_a_damaged_partial(&path, &server, &big, &dest, 4 << 20).await;
+        let small = d.path().join("small.bin");
+        std::fs::write(&small, pattern(3_000_000)).unwrap();
+        let out = pull_with_path(&path, &server, &small, &d.path().join("dst/small.bin")).await;
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("curl"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Without `python3` the worker receives a large file with `curl | tee | openssl`: the same
+    /// resume from a partial, the same one-pass sum, and a damaged partial is refused and removed
+    /// the same way.
+    #[tokio::test]
+    async fn a_worker_without_python3_receives_with_curl_and_the_same_checks() {
+        let d = tempfile::tempdir().unwrap();
+        let path = worker_path(&d.path().join("bin"), &["curl"]);
+        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let big = d.path().join("big.bin");
+        std::fs::write(&big, pattern(40 << 20)).unwrap();
+        let dest = d.path().join("dst/big.bin");
+        resumes_and_refuses_a_damaged_partial(&path, &server, &big, &dest, 4 << 20).await;
     }
 }
