@@ -196,6 +196,16 @@ fn manifest_name(step: StepKind) -> &'static str {
     }
 }
 
+/// How many files `step` pulls at once on each worker. Each pull is an SSH session channel, and
+/// sshd allows 10 per connection by default: in an overlapped `up` ConfigureWorkerStorage's 4
+/// pulls and one follow per rank file run beside BuildImage's 2 (a few engine binaries).
+fn streams(step: StepKind) -> usize {
+    match step {
+        StepKind::BuildImage => 2,
+        _ => 4,
+    }
+}
+
 /// Ships each `(worker index, jobs)` over the fabric, every worker at the same time
 /// ([`fan_out::feed`]); each worker's outcome in order. The outer error: nothing could start
 /// (the head's fabric address unknown, a worker's destination not its user's, a source
@@ -253,8 +263,15 @@ pub(crate) async fn ship_all(
             }),
         });
     };
-    let results =
-        fan_out::feed(head_addr, &targets, &hashes, 4, &progress, ctx.cancelled()).await?;
+    let results = fan_out::feed(
+        head_addr,
+        &targets,
+        &hashes,
+        streams(step),
+        &progress,
+        ctx.cancelled(),
+    )
+    .await?;
     let cancelled = ctx.is_cancelled();
     Ok(results
         .into_iter()
