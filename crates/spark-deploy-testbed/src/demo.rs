@@ -107,11 +107,65 @@ pub async fn prepare_with_engine(
     home: &Path,
     standin: Option<&Path>,
 ) -> Result<(HubServer, DeploymentConfig), BoxError> {
+    prepare_served(info, home, standin, None).await
+}
+
+/// [`prepare`] with the hub's link limited so that fetching the checkpoint's three repos takes
+/// about `fetch_time`, all transfers together, so that what overlaps the fetch can be seen in the
+/// events (the small checkpoint otherwise lands in a fraction of a second).
+///
+/// # Errors
+///
+/// Generation, hub or engine preparation errors.
+pub async fn prepare_paced(
+    info: &TestbedInfo,
+    home: &Path,
+    fetch_time: std::time::Duration,
+) -> Result<(HubServer, DeploymentConfig), BoxError> {
+    let repos = info.state_dir.join("hub-repos");
+    let r = repos.clone();
+    let total = tokio::task::spawn_blocking(move || -> Result<u64, BoxError> {
+        hub_tree(&r, 5)?;
+        [MODEL, ORIGINAL, KIT]
+            .iter()
+            .map(|repo| tree_bytes(&r.join(repo)))
+            .sum()
+    })
+    .await??;
+    let per_s = (u128::from(total) * 1000 / fetch_time.as_millis().max(1)).max(1);
+    let link_rate = std::num::NonZeroU64::new(u64::try_from(per_s)?).ok_or("link rate")?;
+    prepare_served(info, home, None, Some(link_rate)).await
+}
+
+/// The bytes of every file below `dir`.
+fn tree_bytes(dir: &Path) -> Result<u64, BoxError> {
+    let mut total = 0;
+    for entry in fs_err::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        total += if kind.is_dir() {
+            tree_bytes(&entry.path())?
+        } else {
+            entry.metadata()?.len()
+        };
+    }
+    Ok(total)
+}
+
+/// The small checkpoint and its overlay generated once below the testbed's state dir, served
+/// with the overlay gated and the link limited to `link_rate` (if any).
+async fn prepare_served(
+    info: &TestbedInfo,
+    home: &Path,
+    standin: Option<&Path>,
+    link_rate: Option<std::num::NonZeroU64>,
+) -> Result<(HubServer, DeploymentConfig), BoxError> {
     let repos = info.state_dir.join("hub-repos");
     let r = repos.clone();
     tokio::task::spawn_blocking(move || hub_tree(&r, 5).and_then(|()| ablit_tree(&r, 5))).await??;
     let options = HubOptions {
         gated: std::collections::HashMap::from([(ABLIT.to_owned(), ABLIT_TOKEN.to_owned())]),
+        link_rate,
         ..HubOptions::default()
     };
     prepare_on(info, home, standin, &repos, options).await

@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use spark_deploy_core::config::validate;
 use spark_deploy_core::event::{Event, Recorder, Source};
@@ -116,7 +117,11 @@ async fn opened_is_shipped(ctx: &Context, v: &spark_deploy_core::config::Validat
 }
 
 async fn scenario(info: &cluster::TestbedInfo, home: &Path) -> R<()> {
-    let (hub, config) = spark_deploy_testbed::demo::prepare(info, home).await?;
+    // The link paced so that the fetch takes about 3 s: the rank files' first bytes are written
+    // from the first verified shard while later files still download (unpaced, the small
+    // checkpoint lands before the build has polled for its first shard).
+    let (hub, config) =
+        spark_deploy_testbed::demo::prepare_paced(info, home, Duration::from_secs(3)).await?;
     let v = validate(config, home)?;
 
     // 1. The whole standard plan.
