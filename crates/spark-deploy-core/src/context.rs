@@ -133,6 +133,7 @@ pub struct Context {
     /// their final start as it grows.
     growing: Mutex<std::collections::BTreeMap<(usize, PathBuf), Published>>,
     wanted_first: Mutex<Option<Vec<String>>>,
+    fetched_repos: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Where the preparation steps stand when they run overlapped (see [`Context::overlapped`]): each
@@ -143,6 +144,9 @@ pub struct Stages {
     pub fetched: bool,
     /// BuildRankCache has every rank file under its final name on the head.
     pub rank_files: bool,
+    /// BuildRankCache has every input besides the rank files and the Engram tables final on the
+    /// head (the token map and the kit with its tables): the workers can have them.
+    pub side_inputs: bool,
     /// BuildRankCache is done (token map, kit, tables too).
     pub built: bool,
     /// ConfigureWorkerStorage is done (every worker's files, its NFS volume in `nfs` mode).
@@ -192,6 +196,7 @@ impl Context {
             overlap: Mutex::new(None),
             growing: Mutex::new(std::collections::BTreeMap::new()),
             wanted_first: Mutex::new(Some(Vec::new())),
+            fetched_repos: Mutex::new(std::collections::BTreeSet::new()),
         }
     }
 
@@ -224,10 +229,32 @@ impl Context {
             .unwrap_or(Stages {
                 fetched: true,
                 rank_files: true,
+                side_inputs: true,
                 built: true,
                 stored: true,
                 failed: false,
             })
+    }
+
+    /// Records that FetchCheckpoint has every file of `repo` (`owner/name`) in the cache.
+    pub(crate) fn mark_repo_fetched(&self, repo: &str) {
+        self.fetched_repos
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(repo.to_owned());
+    }
+
+    /// Whether FetchCheckpoint has every file of `repo` (`owner/name`) in the cache already, in
+    /// this run: steps running alongside it (the overlapped `up`) can use the whole repository
+    /// before the fetch has finished the others.
+    #[must_use]
+    pub fn repo_fetched(&self, repo: &str) -> bool {
+        self.stages().fetched
+            || self
+                .fetched_repos
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(repo)
     }
 
     /// Asks FetchCheckpoint, running alongside, to download these repository paths before the

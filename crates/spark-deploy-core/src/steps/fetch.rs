@@ -32,8 +32,8 @@ pub struct RepoFetch {
     pub gated: bool,
 }
 
-/// Downloads the checkpoint, the Engram shards, the `bias_vl` byte ranges, the kit and (with
-/// ABLIT) the overlay into the head's HF cache: pinned, resumable, verified.
+/// Downloads the kit, the checkpoint, the Engram shards, (with ABLIT) the overlay and the
+/// `bias_vl` byte ranges into the head's HF cache, in that order: pinned, resumable, verified.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FetchCheckpoint {
     /// Node that downloads (the head).
@@ -50,7 +50,18 @@ impl FetchCheckpoint {
     pub fn new(config: &ValidatedConfig) -> Self {
         let c = config.config();
         let m = &c.model;
+        // The kit first: it is small, and the token map and the kit's tables are built from it
+        // (with the checkpoint's config and tokenizer, its first files) while the shards arrive.
         let mut repos = vec![
+            RepoFetch {
+                role: "kernel kit".into(),
+                repo: m.kit_repo.clone(),
+                revision: m.kit_revision.clone(),
+                files: vec!["kit/** (verified against kit/MANIFEST)".into()],
+                patterns: vec!["kit/**".into()],
+                cache: c.hub.cache.clone(),
+                gated: false,
+            },
             RepoFetch {
                 role: "EXL3 checkpoint".into(),
                 repo: m.id.clone(),
@@ -100,15 +111,6 @@ impl FetchCheckpoint {
                 .into_iter()
                 .chain(m.engram_files.iter().cloned())
                 .collect(),
-                cache: c.hub.cache.clone(),
-                gated: false,
-            },
-            RepoFetch {
-                role: "kernel kit".into(),
-                repo: m.kit_repo.clone(),
-                revision: m.kit_revision.clone(),
-                files: vec!["kit/** (verified against kit/MANIFEST)".into()],
-                patterns: vec!["kit/**".into()],
                 cache: c.hub.cache.clone(),
                 gated: false,
             },
@@ -410,6 +412,7 @@ impl FetchCheckpoint {
                 Level::Info,
                 format!("{}@{commit}: {summary}", r.repo),
             );
+            ctx.mark_repo_fetched(&r.repo);
             transferred += bytes;
             summaries.push(summary);
         }

@@ -151,6 +151,10 @@ impl ConfigureWorkerStorage {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The files an overlapped `up` shipped while the others were fetched or built: (worker rank,
+/// destination).
+type Shipped = std::collections::HashSet<(usize, PathBuf)>;
+
 /// The remedy of a failed copy.
 const RESUME: &str = "fix what the message names on the head or the worker, then run `spark-deploy up` again: it resumes partial files";
 
@@ -494,8 +498,9 @@ impl ConfigureWorkerStorage {
         // Overlapped `up`: Engram shards travel as they land and the rank files as soon as they
         // are final on the head; everything else once the build is done.
         let mut early_bytes = 0;
+        let mut shipped = Shipped::default();
         if ctx.overlapped() {
-            early_bytes = self.ship_early(ctx, engine).await?;
+            (early_bytes, shipped) = self.ship_early(ctx, engine).await?;
             ctx.wait_for(StepKind::ConfigureWorkerStorage, |c| c.stages().built)
                 .await?;
         }
@@ -508,18 +513,31 @@ impl ConfigureWorkerStorage {
         )
         .await;
         let mut work = Vec::with_capacity(prepared.len());
+        let mut already = Vec::with_capacity(prepared.len());
         for (w, r) in prepared {
-            work.push((w.rank, r?));
+            // What this run shipped already (final on the head when it went, verified on
+            // arrival) is not looked at again.
+            let (done, rest): (Vec<FileJob>, Vec<FileJob>) = r?
+                .into_iter()
+                .partition(|j| shipped.contains(&(w.rank, j.to.clone())));
+            already.push(done.len());
+            work.push((w.rank, rest));
         }
-        let shipped = ship_all(ctx, StepKind::ConfigureWorkerStorage, &work)
-            .await
-            .map_err(|e| {
-                StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
-            })?;
+        let results = if work.iter().all(|(_, jobs)| jobs.is_empty()) {
+            work.iter()
+                .map(|_| Ok(crate::transfer::pull::TransferStats::default()))
+                .collect()
+        } else {
+            ship_all(ctx, StepKind::ConfigureWorkerStorage, &work)
+                .await
+                .map_err(|e| {
+                    StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
+                })?
+        };
         let mut bytes = 0;
         let mut summary = Vec::new();
         let mut first_failure = None;
-        for (w, r) in self.workers.iter().zip(shipped) {
+        for ((w, r), early) in self.workers.iter().zip(results).zip(already) {
             let stats = match r {
                 Ok(s) => s,
                 Err(e) => {
@@ -531,14 +549,24 @@ impl ConfigureWorkerStorage {
                 StepKind::ConfigureWorkerStorage,
                 Some(&w.node),
                 Level::Info,
-                format!(
-                    "{} files: {} sent ({} bytes) over the fabric, the rest present and verified",
-                    stats.files, stats.sent, stats.bytes_sent
-                ),
+                if early > 0 {
+                    format!(
+                        "{} files: {early} checked or sent while the checkpoint arrived, {} sent now ({} bytes) over the fabric, the rest present and verified",
+                        stats.files + early,
+                        stats.sent,
+                        stats.bytes_sent
+                    )
+                } else {
+                    format!(
+                        "{} files: {} sent ({} bytes) over the fabric, the rest present and verified",
+                        stats.files, stats.sent, stats.bytes_sent
+                    )
+                },
             );
             summary.push(format!(
                 "{}: all {} files present and verified",
-                w.node, stats.files
+                w.node,
+                stats.files + early
             ));
             bytes += stats.bytes_sent;
         }
@@ -560,7 +588,11 @@ impl ConfigureWorkerStorage {
     /// again and again, until the fetch has finished and the rank files are final; meanwhile each
     /// worker's rank file follows to it as it is written ([`SendAhead`]). The bytes sent (a
     /// followed file's counted once, by its pull).
-    async fn ship_early(&self, ctx: &Context, engine: &dyn Engine) -> Result<u64, StepFailure> {
+    async fn ship_early(
+        &self,
+        ctx: &Context,
+        engine: &dyn Engine,
+    ) -> Result<(u64, Shipped), StepFailure> {
         let ahead = SendAhead::default();
         let ship = self.ship_final(ctx, engine, &ahead);
         let follow = ahead.run(ctx, &self.workers);
@@ -581,12 +613,12 @@ impl ConfigureWorkerStorage {
         ctx: &Context,
         engine: &dyn Engine,
         ahead: &SendAhead,
-    ) -> Result<u64, StepFailure> {
+    ) -> Result<(u64, Shipped), StepFailure> {
         let fail = |w: &WorkerPlan, e: BoxError| {
             StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
                 .at(Some(w.node.clone()), Some(w.rank))
         };
-        let mut shipped: std::collections::HashSet<(usize, PathBuf)> = Default::default();
+        let mut shipped = Shipped::default();
         let mut bytes = 0;
         let mut rank_files_sent = false;
         loop {
@@ -624,7 +656,7 @@ impl ConfigureWorkerStorage {
             }
             rank_files_sent |= with_rank_files;
             if stages.fetched && rank_files_sent {
-                return Ok(bytes);
+                return Ok((bytes, shipped));
             }
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }

@@ -7,7 +7,6 @@ use super::inputs::rank_cache::{
     ExistingRankFile, RankCacheOptions, VerifyLevel, build_rank_cache, plan_rank_cache,
     verify_rank_cache,
 };
-use super::inputs::{bias_vl, kit, model_config::ModelConfig, rope, token_map};
 use crate::config::{PreparePolicy, ValidatedConfig};
 use crate::context::{Context, Outcome, StepFailure};
 use crate::describe::{Action, ActionDetail};
@@ -17,6 +16,7 @@ use crate::layout::NodeLayout;
 use crate::layout::snapshot_dir;
 
 mod overlap;
+mod side;
 pub(crate) mod source;
 
 use source::InputsSource;
@@ -231,16 +231,26 @@ impl RankInputs {
         let world = self.ranks.len();
         // Overlapped `up`: the rank files are written while the checkpoint arrives; the rest
         // below needs every repository, so it waits for the fetch.
-        let streamed = if ctx.overlapped() {
-            let streamed = self.stream_while_fetching(ctx).await?;
-            if streamed.len() == world {
-                ctx.mark_stage(|s| s.rank_files = true);
-            }
+        let (streamed, side_built) = if ctx.overlapped() {
+            let (streamed, side_notes) = tokio::try_join!(
+                async {
+                    let streamed = self.stream_while_fetching(ctx).await?;
+                    if streamed.len() == world {
+                        ctx.mark_stage(|s| s.rank_files = true);
+                    }
+                    Ok(streamed)
+                },
+                self.side_inputs_while_fetching(ctx),
+            )?;
             ctx.wait_for(StepKind::BuildRankCache, |c| c.stages().fetched)
                 .await?;
-            streamed
+            let built = side_notes.is_some();
+            for n in side_notes.into_iter().flatten() {
+                ctx.log(StepKind::BuildRankCache, Some(&self.node), Level::Info, n);
+            }
+            (streamed, built)
         } else {
-            Vec::new()
+            (Vec::new(), false)
         };
         let facts = ctx.facts();
         let Some(model_commit) = facts.model_commit.known() else {
@@ -262,14 +272,9 @@ impl RankInputs {
             &c.model.engram_repo,
             &commit_of(&c.model.engram_repo, &c.model.engram_revision),
         );
-        let kit_src = snapshot_dir(
-            &c.hub.cache,
-            &c.model.kit_repo,
-            &commit_of(&c.model.kit_repo, &c.model.kit_revision),
-        )
-        .join("kit");
         let layout = crate::layout::NodeLayout::of(ctx.config(), &c.nodes[0]);
-        let fetched_bias = std::path::PathBuf::from(&layout.bias_vl_file);
+        // The token map and the kit, unless built while the checkpoint arrived.
+        let side = (!side_built).then(|| self.side_inputs(ctx, model_commit));
         let shape_guard = c.engine.shape_guard;
         let never = ctx.prepare_policy() == PreparePolicy::Never;
         // Before every launch the data bytes are checked too: against the CRC-32 of each block
@@ -310,7 +315,6 @@ impl RankInputs {
         };
         let label = wanted.label();
         let inputs = PathBuf::from(&self.inputs_dir);
-        let kit_dir = PathBuf::from(&self.kit_dir);
         let engram_dir = PathBuf::from(&layout.engram_dir);
         let node = self.node.clone();
         let sink_ctx: &Context = ctx;
@@ -395,79 +399,19 @@ impl RankInputs {
                     built += plan.file_len();
                     notes.push(format!("rank {rank}: built {}", file.display()));
                 }
-                // PREPARE=0: what is missing is named, not made.
-                let made_nothing = |path: &Path, what: &str| {
-                    if never && !path.exists() {
-                        return Err((
-                            format!(
-                                "{what} {} is missing, and PREPARE=0 builds nothing",
-                                path.display()
-                            )
-                            .into(),
-                            PreparePolicy::NOT_PREPARED_REMEDY,
-                        ));
-                    }
-                    Ok(())
-                };
-                let tm = inputs.join(TOKEN_MAP_FILE);
-                made_nothing(&tm, "the token map")?;
-                made_nothing(&kit_dir.join("MANIFEST"), "the kit")?;
-                made_nothing(&kit_dir.join("rope-plain-cos.f32"), "the RoPE table")?;
-                made_nothing(
-                    &kit_dir.join("vision/gate_bias_vl.safetensors"),
-                    "the vision gate bias",
-                )?;
-                made_nothing(&engram_dir, "the Engram tables directory")?;
-                if !tm.exists() {
-                    let m = token_map::write_token_map(&model_dir, &tm).map_err(|e| {
-                        (
-                            Box::new(e) as BoxError,
-                            "the tokenizer must yield engram_compressed_vocab_size distinct ids",
+                if let Some(side) = &side {
+                    notes.extend(side.build()?);
+                }
+                if never && !engram_dir.exists() {
+                    return Err((
+                        format!(
+                            "the Engram tables directory {} is missing, and PREPARE=0 builds nothing",
+                            engram_dir.display()
                         )
-                    })?;
-                    notes.push(format!(
-                        "token map: {} ids",
-                        m.to_json().matches(',').count() + 1
+                        .into(),
+                        PreparePolicy::NOT_PREPARED_REMEDY,
                     ));
                 }
-                // The kit: the published files (hard-linked), generated RoPE tables and bias when missing,
-                // then every MANIFEST entry checked.
-                if kit_src.is_dir() && !never {
-                    link_tree(&kit_src, &kit_dir, &|_| true)
-                        .map_err(|e| (Box::new(e) as BoxError, "the kit must be readable"))?;
-                }
-                if !kit_dir.join("rope-plain-cos.f32").exists() {
-                    let cfg = ModelConfig::read(&model_dir)
-                        .map_err(|e| (Box::new(e) as BoxError, "config.json must parse"))?;
-                    rope::write_rope_tables(&cfg, &kit_dir, None).map_err(|e| {
-                        (
-                            Box::new(e) as BoxError,
-                            "download the kit's published RoPE tables",
-                        )
-                    })?;
-                }
-                let bias = kit_dir.join("vision/gate_bias_vl.safetensors");
-                if !bias.exists() && fetched_bias.exists() {
-                    // Read by byte range from the Hub at fetch (the kit does not publish it).
-                    fs_err::create_dir_all(kit_dir.join("vision"))
-                        .and_then(|()| fs_err::copy(&fetched_bias, &bias).map(|_| ()))
-                        .map_err(|e| (Box::new(e) as BoxError, "the kit dir must be writable"))?;
-                }
-                if !bias.exists() {
-                    bias_vl::write_bias_vl(&original, &bias).map_err(|e| {
-                        (
-                            Box::new(e) as BoxError,
-                            "download the kit's gate_bias_vl.safetensors",
-                        )
-                    })?;
-                }
-                let files = kit::verify_kit(&kit_dir).map_err(|e| {
-                    (
-                        Box::new(e) as BoxError,
-                        "download the kit again (its files must match MANIFEST)",
-                    )
-                })?;
-                notes.push(format!("kit OK: {files} files match MANIFEST"));
                 // Only the Engram shards: the engine reads the tables, nothing else of the
                 // original model (its config and index stay in the HF cache).
                 let is_shard = |p: &Path| p.extension().is_some_and(|e| e == "safetensors");
@@ -498,6 +442,7 @@ impl RankInputs {
             .map_err(|(e, r)| fail(e, r))?;
         ctx.mark_stage(|s| {
             s.rank_files = true;
+            s.side_inputs = true;
             s.built = true;
         });
         for n in &notes {

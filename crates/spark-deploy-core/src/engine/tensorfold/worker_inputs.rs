@@ -68,29 +68,44 @@ fn is_shard(path: &Path) -> bool {
 /// The files worker `i` needs now, after moving superseded rank files aside on it.
 pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxError> {
     let c = ctx.config().config();
-    let facts = ctx.facts();
     let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
     let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
-    let mut jobs = Vec::new();
-    if c.deployment.worker_storage == WorkerStorage::Copy {
-        let commit = facts.model_commit.to_string();
-        let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &commit);
-        let to = crate::layout::snapshot_dir(&wl.hf_cache, &c.model.id, &commit);
-        jobs.extend(
-            expand(&snap, &to)
-                .map_err(|e| Box::new(e) as BoxError)?
-                .into_iter()
-                .filter(|j| !is_shard(&j.to)),
-        );
-    }
+    let mut jobs = small_files_jobs(ctx, i)?;
     jobs.extend(
         expand(Path::new(&head.engram_dir), Path::new(&wl.engram_dir))
             .map_err(|e| Box::new(e) as BoxError)?,
     );
-    jobs.extend(
-        expand(Path::new(&head.kit_dir), Path::new(&wl.kit_dir))
-            .map_err(|e| Box::new(e) as BoxError)?,
-    );
+    jobs.extend(side_jobs(ctx, i)?);
+    jobs.extend(rank_file_jobs(ctx, i).await?);
+    Ok(jobs)
+}
+
+/// In copy mode, the checkpoint's files in its snapshot on the head but the shards; nothing in
+/// the other modes (the worker reads its own tree or the head's over NFS).
+fn small_files_jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxError> {
+    let c = ctx.config().config();
+    if c.deployment.worker_storage != WorkerStorage::Copy {
+        return Ok(Vec::new());
+    }
+    let commit = ctx.facts().model_commit.to_string();
+    let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+    let snap = crate::layout::snapshot_dir(&c.hub.cache, &c.model.id, &commit);
+    let to = crate::layout::snapshot_dir(&wl.hf_cache, &c.model.id, &commit);
+    Ok(expand(&snap, &to)
+        .map_err(|e| Box::new(e) as BoxError)?
+        .into_iter()
+        .filter(|j| !is_shard(&j.to))
+        .collect())
+}
+
+/// The kit and the token map (BuildRankCache's inputs besides the rank files and the Engram
+/// tables).
+fn side_jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxError> {
+    let c = ctx.config().config();
+    let head = NodeLayout::of(ctx.config(), &c.nodes[0]);
+    let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+    let mut jobs = expand(Path::new(&head.kit_dir), Path::new(&wl.kit_dir))
+        .map_err(|e| Box::new(e) as BoxError)?;
     let tm = TOKEN_MAP_FILE;
     jobs.extend(
         expand(
@@ -99,14 +114,15 @@ pub(crate) async fn jobs(ctx: &Context, i: usize) -> Result<Vec<FileJob>, BoxErr
         )
         .map_err(|e| Box::new(e) as BoxError)?,
     );
-    jobs.extend(rank_file_jobs(ctx, i).await?);
     Ok(jobs)
 }
 
 /// What an overlapped `up` can ship worker `i` now, before BuildRankCache is done: every Engram
 /// shard already final in the original model's snapshot (to where the worker's tables go; the
 /// head links the same blobs into its tables directory later, so the final copy finds them
-/// there), and with `rank_file` its rank file (every rank file is final).
+/// there); once the kit and the token map are final on the head (`Stages::side_inputs`), them
+/// and in copy mode the checkpoint's small files that have landed; and with `rank_file` its rank
+/// file (every rank file is final).
 pub(crate) async fn early_jobs(
     ctx: &Context,
     i: usize,
@@ -125,6 +141,10 @@ pub(crate) async fn early_jobs(
                     .filter(|j| is_shard(&j.to)),
             );
         }
+    }
+    if ctx.stages().side_inputs {
+        jobs.extend(small_files_jobs(ctx, i)?);
+        jobs.extend(side_jobs(ctx, i)?);
     }
     if rank_file {
         jobs.extend(rank_file_jobs(ctx, i).await?);
