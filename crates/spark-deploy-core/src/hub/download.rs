@@ -169,12 +169,16 @@ impl Hub {
             if self.is_cancelled() {
                 return Err(Self::cancelled_error(r));
             }
+            let slot = tokio::select! {
+                slot = tally.slots.acquire() => slot.map_err(|_| Self::cancelled_error(r))?,
+                () = cancelled(self.cfg.cancel.as_ref()) => return Err(Self::cancelled_error(r)),
+            };
             tally.progress.on_event(&FetchEvent::FileStarted {
                 file: file.to_owned(),
                 offset: have,
                 size,
             });
-            match self.attempt(t, have, hasher, tally).await? {
+            match self.attempt(t, have, hasher, tally, slot).await? {
                 Attempt::Complete => return Ok(()),
                 Attempt::Cancelled => return Err(Self::cancelled_error(r)),
                 Attempt::Failed { reason, progressed } => {
@@ -220,14 +224,16 @@ impl Hub {
         }
     }
 
-    /// One ranged GET appended to `incomplete`. Transport trouble is `Attempt::Failed`; refusals
-    /// by the Hub (access, not found) are errors.
+    /// One ranged GET appended to `incomplete`, holding `slot` (a download slot on the link)
+    /// until its last byte. Transport trouble is `Attempt::Failed`; refusals by the Hub (access,
+    /// not found) are errors.
     async fn attempt(
         &self,
         t: Target<'_>,
         mut have: u64,
         hasher: &mut Option<StreamHasher>,
         tally: &Tally<'_>,
+        slot: tokio::sync::SemaphorePermit<'_>,
     ) -> Result<Attempt, FetchError> {
         let Target {
             r,
@@ -354,6 +360,8 @@ impl Hub {
                 }
             }
         };
+        // The link is free for the next transfer while this file reaches the disk.
+        drop(slot);
         out.flush()
             .await
             .map_err(|e| self.io_err(r, file, incomplete, e))?;

@@ -215,6 +215,9 @@ impl FetchReport {
 }
 
 pub(super) struct Tally<'a> {
+    /// The download slots on the link: a transfer holds one from its request to its last byte,
+    /// not while its file is synced, verified and linked (the next transfer has the link then).
+    pub(super) slots: tokio::sync::Semaphore,
     pub(super) total: u64,
     pub(super) done: AtomicU64,
     pub(super) transferred: AtomicU64,
@@ -435,6 +438,7 @@ impl Hub {
         by_path.sort();
 
         let tally = Tally {
+            slots: tokio::sync::Semaphore::new(self.cfg.max_streams.max(1)),
             total: jobs.values().map(|j| j.size).sum(),
             done: AtomicU64::new(0),
             transferred: AtomicU64::new(0),
@@ -453,14 +457,15 @@ impl Hub {
         //    `up`) can use a file the moment its link appears: a link only ever points to a
         //    verified blob.
         //    A file the consumer wants first ([`FetchProgress::wanted_first`]) jumps the queue
-        //    when a slot frees.
+        //    when a slot frees. Twice as many files as download slots are under way: while one
+        //    is synced, verified and linked, the next one's transfer has its slot.
         let tally_ref = &tally;
         let mut order: Vec<&Job> = jobs.values().collect();
         order.sort_by(|a, b| download_order(a).cmp(&download_order(b)));
         let picks = Picks::new(&order, progress);
         let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = picks
             .map(|i| self.fetch_and_link(r, order[i], tally_ref))
-            .buffer_unordered(self.cfg.max_streams.max(1))
+            .buffer_unordered(self.cfg.max_streams.max(1) * 2)
             .collect()
             .await;
         let mut outcome_of = BTreeMap::new();

@@ -151,9 +151,29 @@ impl ConfigureWorkerStorage {
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The files an overlapped `up` shipped while the others were fetched or built: (worker rank,
-/// destination).
-type Shipped = std::collections::HashSet<(usize, PathBuf)>;
+/// What an overlapped `up` shipped while the others were fetched or built.
+#[derive(Debug, Default)]
+struct Shipped {
+    /// (worker rank, destination) of every file shipped (sent, or found there and verified).
+    files: std::collections::HashSet<(usize, PathBuf)>,
+    /// Per worker rank, what its transfers did.
+    stats: BTreeMap<usize, pull::TransferStats>,
+}
+
+impl Shipped {
+    fn contains(&self, rank: usize, to: &std::path::Path) -> bool {
+        self.files.contains(&(rank, to.to_path_buf()))
+    }
+
+    /// Records worker `rank`'s `jobs` and what their transfer did.
+    fn record(&mut self, rank: usize, jobs: &[FileJob], stats: pull::TransferStats) {
+        self.files.extend(jobs.iter().map(|j| (rank, j.to.clone())));
+        let s = self.stats.entry(rank).or_default();
+        s.files += stats.files;
+        s.sent += stats.sent;
+        s.bytes_sent += stats.bytes_sent;
+    }
+}
 
 /// The remedy of a failed copy.
 const RESUME: &str = "fix what the message names on the head or the worker, then run `spark-deploy up` again: it resumes partial files";
@@ -497,10 +517,9 @@ impl ConfigureWorkerStorage {
         };
         // Overlapped `up`: Engram shards travel as they land and the rank files as soon as they
         // are final on the head; everything else once the build is done.
-        let mut early_bytes = 0;
         let mut shipped = Shipped::default();
         if ctx.overlapped() {
-            (early_bytes, shipped) = self.ship_early(ctx, engine).await?;
+            shipped = self.ship_early(ctx, engine).await?;
             ctx.wait_for(StepKind::ConfigureWorkerStorage, |c| c.stages().built)
                 .await?;
         }
@@ -513,14 +532,13 @@ impl ConfigureWorkerStorage {
         )
         .await;
         let mut work = Vec::with_capacity(prepared.len());
-        let mut already = Vec::with_capacity(prepared.len());
         for (w, r) in prepared {
             // What this run shipped already (final on the head when it went, verified on
             // arrival) is not looked at again.
-            let (done, rest): (Vec<FileJob>, Vec<FileJob>) = r?
+            let rest: Vec<FileJob> = r?
                 .into_iter()
-                .partition(|j| shipped.contains(&(w.rank, j.to.clone())));
-            already.push(done.len());
+                .filter(|j| !shipped.contains(w.rank, &j.to))
+                .collect();
             work.push((w.rank, rest));
         }
         let results = if work.iter().all(|(_, jobs)| jobs.is_empty()) {
@@ -537,9 +555,16 @@ impl ConfigureWorkerStorage {
         let mut bytes = 0;
         let mut summary = Vec::new();
         let mut first_failure = None;
-        for ((w, r), early) in self.workers.iter().zip(results).zip(already) {
+        for (w, r) in self.workers.iter().zip(results) {
             let stats = match r {
-                Ok(s) => s,
+                Ok(s) => {
+                    let early = shipped.stats.get(&w.rank).copied().unwrap_or_default();
+                    pull::TransferStats {
+                        files: s.files + early.files,
+                        sent: s.sent + early.sent,
+                        bytes_sent: s.bytes_sent + early.bytes_sent,
+                    }
+                }
                 Err(e) => {
                     first_failure = first_failure.or(Some(fail(w, e)));
                     continue;
@@ -549,31 +574,20 @@ impl ConfigureWorkerStorage {
                 StepKind::ConfigureWorkerStorage,
                 Some(&w.node),
                 Level::Info,
-                if early > 0 {
-                    format!(
-                        "{} files: {early} checked or sent while the checkpoint arrived, {} sent now ({} bytes) over the fabric, the rest present and verified",
-                        stats.files + early,
-                        stats.sent,
-                        stats.bytes_sent
-                    )
-                } else {
-                    format!(
-                        "{} files: {} sent ({} bytes) over the fabric, the rest present and verified",
-                        stats.files, stats.sent, stats.bytes_sent
-                    )
-                },
+                format!(
+                    "{} files: {} sent ({} bytes) over the fabric, the rest present and verified",
+                    stats.files, stats.sent, stats.bytes_sent
+                ),
             );
             summary.push(format!(
                 "{}: all {} files present and verified",
-                w.node,
-                stats.files + early
+                w.node, stats.files
             ));
             bytes += stats.bytes_sent;
         }
         if let Some(f) = first_failure {
             return Err(f);
         }
-        let bytes = bytes + early_bytes;
         ctx.mark_stage(|s| s.stored = true);
         if bytes == 0 {
             return Ok(Outcome::Skipped {
@@ -588,11 +602,7 @@ impl ConfigureWorkerStorage {
     /// again and again, until the fetch has finished and the rank files are final; meanwhile each
     /// worker's rank file follows to it as it is written ([`SendAhead`]). The bytes sent (a
     /// followed file's counted once, by its pull).
-    async fn ship_early(
-        &self,
-        ctx: &Context,
-        engine: &dyn Engine,
-    ) -> Result<(u64, Shipped), StepFailure> {
+    async fn ship_early(&self, ctx: &Context, engine: &dyn Engine) -> Result<Shipped, StepFailure> {
         let ahead = SendAhead::default();
         let ship = self.ship_final(ctx, engine, &ahead);
         let follow = ahead.run(ctx, &self.workers);
@@ -613,13 +623,12 @@ impl ConfigureWorkerStorage {
         ctx: &Context,
         engine: &dyn Engine,
         ahead: &SendAhead,
-    ) -> Result<(u64, Shipped), StepFailure> {
+    ) -> Result<Shipped, StepFailure> {
         let fail = |w: &WorkerPlan, e: BoxError| {
             StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
                 .at(Some(w.node.clone()), Some(w.rank))
         };
         let mut shipped = Shipped::default();
-        let mut bytes = 0;
         let mut rank_files_sent = false;
         loop {
             let stages = ctx.stages();
@@ -638,7 +647,7 @@ impl ConfigureWorkerStorage {
                     .await
                     .map_err(|e| fail(w, e))?
                     .into_iter()
-                    .filter(|j| !shipped.contains(&(w.rank, j.to.clone())))
+                    .filter(|j| !shipped.contains(w.rank, &j.to))
                     .collect();
                 ahead.claim(w.rank, &mut jobs);
                 work.push((w.rank, jobs));
@@ -650,15 +659,21 @@ impl ConfigureWorkerStorage {
                         StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
                     })?;
                 for ((w, r), (rank, jobs)) in self.workers.iter().zip(results).zip(&work) {
-                    bytes += r.map_err(|e| fail(w, e))?.bytes_sent;
-                    shipped.extend(jobs.iter().map(|j| (*rank, j.to.clone())));
+                    shipped.record(*rank, jobs, r.map_err(|e| fail(w, e))?);
                 }
             }
             rank_files_sent |= with_rank_files;
             if stages.fetched && rank_files_sent {
-                return Ok((bytes, shipped));
+                return Ok(shipped);
             }
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            // Again in 250 ms (the Engram shards that landed meanwhile), or as soon as another
+            // stage ends or the follows do.
+            let follows_done = ahead.done();
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_millis(250),
+                ctx.wait_until(|c| c.stages() != stages || ahead.done() != follows_done),
+            )
+            .await;
         }
     }
 

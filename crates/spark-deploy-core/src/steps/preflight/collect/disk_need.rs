@@ -145,18 +145,7 @@ async fn cached_tree(
             .filter_map(|(p, s)| p.strip_prefix(prefix).map(|p| (p.to_owned(), s)))
             .collect()
     };
-    let listing = text(
-        exec,
-        &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SIZES_SCRIPT}")).args([
-            "sh",
-            &c.hub.cache,
-            &crate::layout::repo_folder(repo),
-            revision,
-        ]),
-    )
-    .await
-    .unwrap_or_default();
-    let cached = select(parse_sizes(&listing));
+    let cached = select(snapshot_sizes(exec, &c.hub.cache, repo, revision).await);
     let files = if complete(&cached) {
         Some(cached.clone())
     } else {
@@ -173,18 +162,117 @@ async fn cached_tree(
 /// the kit in the head's cache (hard-linked into its data directory), and each worker's own
 /// share — its rank file, the Engram tables, the kit, the engine binaries, the engine image in
 /// its Docker, and in `copy` mode the checkpoint's small files — less what it already holds.
+/// What the head lists and what every worker holds are asked all at once.
 pub(in crate::steps::preflight) async fn settle_shares(
     ctx: &Context,
     engine: &dyn Engine,
     facts: &mut [NodeFacts],
 ) {
     let c = ctx.config().config();
-    let m = &c.model;
     let Some(head) = facts.first() else { return };
     if head.reach.is_err() {
         return;
     }
     let Ok(hx) = ctx.exec(0).await else { return };
+    let reachable: Vec<usize> = facts
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, f)| f.reach.is_ok())
+        .map(|(i, _)| i)
+        .collect();
+    let (shares, held) = tokio::join!(
+        head_shares(ctx, engine, hx),
+        futures::future::join_all(reachable.iter().map(|&i| worker_holdings(ctx, i))),
+    );
+    // The head: the trees land in its cache, and are hard-linked into its data directory.
+    let hl = NodeLayout::of(ctx.config(), &c.nodes[0]);
+    if let Some(head) = facts.first_mut() {
+        if let Some(cache) = head.disks.iter_mut().find(|d| d.dir == c.hub.cache) {
+            cache.missing.extend(shares.engram.missing_in_cache());
+            cache.missing.extend(shares.kit.missing_in_cache());
+        }
+        for ((tree, dir), (present, df)) in
+            [(&shares.engram, &hl.engram_dir), (&shares.kit, &hl.kit_dir)]
+                .into_iter()
+                .zip(shares.linked)
+        {
+            head.disks.push(DiskFacts {
+                dir: dir.clone(),
+                df,
+                missing: tree.missing_at(&present).into_iter().collect(),
+                linked_from: Some(c.hub.cache.clone()),
+            });
+        }
+    }
+    let world = c.nodes.len();
+    for (i, h) in reachable.into_iter().zip(held) {
+        let Some(h) = h else { continue };
+        let f = &mut facts[i];
+        let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+        let mut need = Vec::new();
+        let held = HeadInputs::parse(&h.rank_files, "", world)
+            .rank_files
+            .get(&i)
+            .copied();
+        if let Some(w) = f.rank_weights
+            && held != Some(w.bytes)
+        {
+            need.push(Missing {
+                what: format!("rank file {i}"),
+                bytes: w.bytes,
+            });
+        }
+        need.extend(shares.engram.missing_at(&h.engram));
+        need.extend(shares.kit.missing_at(&h.kit));
+        need.extend(shares.binaries.missing_at(&h.binaries));
+        if let Some(data) = f.disks.first_mut() {
+            data.missing.extend(need);
+        }
+        if let Some((mut present, df)) = h.snapshot {
+            match &shares.small.files {
+                Some(files) => present.retain(|p, _| files.contains_key(p)),
+                None => present.clear(),
+            }
+            f.disks.push(DiskFacts {
+                dir: wl.hf_cache.clone(),
+                df,
+                missing: shares.small.missing_at(&present).into_iter().collect(),
+                linked_from: None,
+            });
+        }
+        // The engine image, loaded through the worker's Docker into its data root.
+        if let Some((root, df)) = h.image_root {
+            f.disks.push(DiskFacts {
+                df,
+                dir: format!("{root} (Docker)"),
+                missing: vec![Missing {
+                    what: format!("engine image {}", wl.image),
+                    bytes: shares.image_bytes.unwrap_or(0),
+                }],
+                linked_from: None,
+            });
+        }
+    }
+}
+
+/// What every node's share is made of, as the head knows it.
+struct HeadShares {
+    engram: Tree,
+    kit: Tree,
+    /// The checkpoint's files but the shards (`copy` mode ships them).
+    small: Tree,
+    binaries: Tree,
+    /// The engine image's size (else its base image's) in the head's Docker.
+    image_bytes: Option<u64>,
+    /// What the head's Engram and kit directories hold, and their `df`, in that order.
+    linked: [(BTreeMap<String, u64>, Result<String, String>); 2],
+}
+
+/// [`HeadShares`]: the head's listings (the Hub's when its cache is incomplete), all at once.
+async fn head_shares(ctx: &Context, engine: &dyn Engine, hx: &Exec) -> HeadShares {
+    let c = ctx.config().config();
+    let m = &c.model;
     let hl = NodeLayout::of(ctx.config(), &c.nodes[0]);
     let engram_patterns = crate::hub::AllowPatterns::new(&m.engram_files).ok();
     let is_engram = |p: &str| {
@@ -204,8 +292,7 @@ pub(in crate::steps::preflight) async fn settle_shares(
         "",
         &is_engram,
         &engram_complete,
-    )
-    .await;
+    );
     let kit = cached_tree(
         ctx,
         hx,
@@ -214,21 +301,10 @@ pub(in crate::steps::preflight) async fn settle_shares(
         "kit/",
         &|p: &str| p.starts_with("kit/"),
         &|t: &BTreeMap<String, u64>| t.contains_key("MANIFEST"),
-    )
-    .await;
-    let small = {
-        let listing = text(
-            hx,
-            &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SIZES_SCRIPT}")).args([
-                "sh",
-                &c.hub.cache,
-                &crate::layout::repo_folder(&m.id),
-                &m.revision,
-            ]),
-        )
-        .await
-        .unwrap_or_default();
-        let files: BTreeMap<String, u64> = parse_sizes(&listing)
+    );
+    let small = async {
+        let listing = snapshot_sizes(hx, &c.hub.cache, &m.id, &m.revision).await;
+        let files: BTreeMap<String, u64> = listing
             .into_iter()
             .filter(|(p, _)| !p.ends_with(".safetensors"))
             .collect();
@@ -238,7 +314,7 @@ pub(in crate::steps::preflight) async fn settle_shares(
             cached: BTreeMap::new(),
         }
     };
-    let binaries = {
+    let binaries = async {
         let names = engine.binaries();
         let files: BTreeMap<String, u64> = sizes(hx, &hl.engine_dir)
             .await
@@ -251,110 +327,124 @@ pub(in crate::steps::preflight) async fn settle_shares(
             cached: BTreeMap::new(),
         }
     };
-    let image_bytes = match ctx.docker(0).await {
-        Ok(d) => {
-            let size = |i: Option<bollard::models::ImageInspect>| {
-                i.and_then(|i| i.size).and_then(|s| u64::try_from(s).ok())
-            };
-            match size(d.inspect_image(&hl.image).await.ok().flatten()) {
-                Some(s) => Some(s),
-                None => size(d.inspect_image(&c.engine.base_image).await.ok().flatten()),
-            }
+    let image_bytes = async {
+        let d = ctx.docker(0).await.ok()?;
+        let size = |i: Option<bollard::models::ImageInspect>| {
+            i.and_then(|i| i.size).and_then(|s| u64::try_from(s).ok())
+        };
+        match size(d.inspect_image(&hl.image).await.ok().flatten()) {
+            Some(s) => Some(s),
+            None => size(d.inspect_image(&c.engine.base_image).await.ok().flatten()),
         }
-        Err(_) => None,
     };
-    // The head: the trees land in its cache, and are hard-linked into its data directory.
-    if let Some(head) = facts.first_mut() {
-        if let Some(cache) = head.disks.iter_mut().find(|d| d.dir == c.hub.cache) {
-            cache.missing.extend(engram.missing_in_cache());
-            cache.missing.extend(kit.missing_in_cache());
-        }
-        for (tree, dir) in [(&engram, &hl.engram_dir), (&kit, &hl.kit_dir)] {
-            let present = sizes(hx, dir).await;
-            head.disks.push(DiskFacts {
-                dir: dir.clone(),
-                df: df_nearest(hx, dir).await,
-                missing: tree.missing_at(&present).into_iter().collect(),
-                linked_from: Some(c.hub.cache.clone()),
-            });
-        }
+    let dir = |d: &str| {
+        let d = d.to_owned();
+        async move { tokio::join!(sizes(hx, &d), df_nearest(hx, &d)) }
+    };
+    let (engram, kit, small, binaries, image_bytes, engram_dir, kit_dir) = tokio::join!(
+        engram,
+        kit,
+        small,
+        binaries,
+        image_bytes,
+        dir(&hl.engram_dir),
+        dir(&hl.kit_dir),
+    );
+    HeadShares {
+        engram,
+        kit,
+        small,
+        binaries,
+        image_bytes,
+        linked: [engram_dir, kit_dir],
     }
-    let world = c.nodes.len();
-    for (i, f) in facts.iter_mut().enumerate().skip(1) {
-        if f.reach.is_err() {
-            continue;
-        }
-        let Ok(wx) = ctx.exec(i).await else { continue };
-        let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
-        let mut need = Vec::new();
-        let rank_files = text(
+}
+
+/// What a worker holds of its share.
+struct WorkerHoldings {
+    /// [`RANK_FILES_SCRIPT`]'s output in its inputs directory.
+    rank_files: String,
+    engram: BTreeMap<String, u64>,
+    kit: BTreeMap<String, u64>,
+    binaries: BTreeMap<String, u64>,
+    /// `copy` mode: its snapshot of the checkpoint (at the commit fetch resolves) and `df` there.
+    snapshot: Option<(BTreeMap<String, u64>, Result<String, String>)>,
+    /// Its Docker data root and `df` there, when the engine image is not loaded yet.
+    image_root: Option<(String, Result<String, String>)>,
+}
+
+/// Worker `i`'s [`WorkerHoldings`], all asked at once; `None` when it cannot be reached.
+async fn worker_holdings(ctx: &Context, i: usize) -> Option<WorkerHoldings> {
+    let c = ctx.config().config();
+    let wx = ctx.exec(i).await.ok()?;
+    let wl = NodeLayout::of(ctx.config(), &c.nodes[i]);
+    let rank_files = async {
+        text(
             wx,
             &Cmd::shell(format!("{HOME_PATH}{RANK_FILES_SCRIPT}")).args(["sh", &wl.inputs_dir]),
         )
         .await
-        .unwrap_or_default();
-        let held = HeadInputs::parse(&rank_files, "", world)
-            .rank_files
-            .get(&i)
-            .copied();
-        if let Some(w) = f.rank_weights
-            && held != Some(w.bytes)
-        {
-            need.push(Missing {
-                what: format!("rank file {i}"),
-                bytes: w.bytes,
-            });
+        .unwrap_or_default()
+    };
+    let snapshot = async {
+        if c.deployment.worker_storage != WorkerStorage::Copy {
+            return None;
         }
-        need.extend(engram.missing_at(&sizes(wx, &wl.engram_dir).await));
-        need.extend(kit.missing_at(&sizes(wx, &wl.kit_dir).await));
-        need.extend(binaries.missing_at(&sizes(wx, &wl.engine_dir).await));
-        if let Some(data) = f.disks.first_mut() {
-            data.missing.extend(need);
+        Some(tokio::join!(
+            snapshot_sizes(wx, &wl.hf_cache, &c.model.id, &c.model.revision),
+            df_nearest(wx, &wl.hf_cache),
+        ))
+    };
+    let image_root = async {
+        let d = ctx.docker(i).await.ok()?;
+        if !matches!(d.inspect_image(&wl.image).await, Ok(None)) {
+            return None;
         }
-        if c.deployment.worker_storage == WorkerStorage::Copy {
-            let mut present = BTreeMap::new();
-            if let Some(files) = &small.files {
-                // The worker's snapshot at the commit fetch resolves: measured by the same names.
-                let listing = text(
-                    wx,
-                    &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SIZES_SCRIPT}")).args([
-                        "sh",
-                        &wl.hf_cache,
-                        &crate::layout::repo_folder(&m.id),
-                        &m.revision,
-                    ]),
-                )
-                .await
-                .unwrap_or_default();
-                present = parse_sizes(&listing);
-                present.retain(|p, _| files.contains_key(p));
-            }
-            f.disks.push(DiskFacts {
-                dir: wl.hf_cache.clone(),
-                df: df_nearest(wx, &wl.hf_cache).await,
-                missing: small.missing_at(&present).into_iter().collect(),
-                linked_from: None,
-            });
-        }
-        // The engine image, loaded through the worker's Docker into its data root.
-        if let Ok(d) = ctx.docker(i).await
-            && let Ok(None) = d.inspect_image(&wl.image).await
-        {
-            let root = d
-                .info()
-                .await
-                .ok()
-                .and_then(|i| i.docker_root_dir)
-                .unwrap_or_else(|| "/var/lib/docker".to_owned());
-            f.disks.push(DiskFacts {
-                df: df_nearest(wx, &root).await,
-                dir: format!("{root} (Docker)"),
-                missing: vec![Missing {
-                    what: format!("engine image {}", wl.image),
-                    bytes: image_bytes.unwrap_or(0),
-                }],
-                linked_from: None,
-            });
-        }
-    }
+        let root = d
+            .info()
+            .await
+            .ok()
+            .and_then(|i| i.docker_root_dir)
+            .unwrap_or_else(|| "/var/lib/docker".to_owned());
+        let df = df_nearest(wx, &root).await;
+        Some((root, df))
+    };
+    let (rank_files, engram, kit, binaries, snapshot, image_root) = tokio::join!(
+        rank_files,
+        sizes(wx, &wl.engram_dir),
+        sizes(wx, &wl.kit_dir),
+        sizes(wx, &wl.engine_dir),
+        snapshot,
+        image_root,
+    );
+    Some(WorkerHoldings {
+        rank_files,
+        engram,
+        kit,
+        binaries,
+        snapshot,
+        image_root,
+    })
+}
+
+/// [`SNAPSHOT_SIZES_SCRIPT`] of `repo` at `revision` in the HF cache `cache` on a node: relative
+/// path → bytes (nothing when it is not there).
+async fn snapshot_sizes(
+    exec: &Exec,
+    cache: &str,
+    repo: &str,
+    revision: &str,
+) -> BTreeMap<String, u64> {
+    let listing = text(
+        exec,
+        &Cmd::shell(format!("{HOME_PATH}{SNAPSHOT_SIZES_SCRIPT}")).args([
+            "sh",
+            cache,
+            &crate::layout::repo_folder(repo),
+            revision,
+        ]),
+    )
+    .await
+    .unwrap_or_default();
+    parse_sizes(&listing)
 }

@@ -8,7 +8,7 @@ use crate::context::Context;
 use crate::event::Level;
 use crate::event::StepKind;
 use crate::ports::exec::{Cmd, Exec};
-use crate::preflight::decide::{NodeFacts, error_chain};
+use crate::preflight::decide::error_chain;
 use crate::preflight::roce::{self, Sysfs};
 use crate::preflight::sysfs_dump::{self, SysfsDump};
 
@@ -46,13 +46,22 @@ pub(super) fn below_floor(meminfo: &Result<String, String>, floor: u64) -> Optio
     mem_available(m).filter(|a| *a < floor)
 }
 
-/// The driver's view through `nvidia-smi` on the node (its `path` searched first).
-pub(super) async fn gather_gpu(exec: &Exec, node: &NodeConfig, f: &mut NodeFacts) {
+/// The driver's view through `nvidia-smi`: its clocks report, the GPU's name and its compute
+/// processes.
+pub(super) struct GpuView {
+    pub(super) smi: Result<String, String>,
+    pub(super) model: Result<String, String>,
+    pub(super) processes: Result<String, String>,
+}
+
+/// The driver's view through `nvidia-smi` on the node (its `path` searched first), one query
+/// after the other (preflight runs its other questions beside these: see `gather`).
+pub(super) async fn gather_gpu(exec: &Exec, node: &NodeConfig) -> GpuView {
     let smi = |args: &[&str]| tool(node, "nvidia-smi", args);
-    f.smi = Some(text(exec, &smi(&["-q", "-d", "CLOCK"])).await);
-    f.gpu_model = Some(text(exec, &smi(&["--query-gpu=name", "--format=csv,noheader"])).await);
-    f.gpu_processes = Some(
-        text(
+    GpuView {
+        smi: text(exec, &smi(&["-q", "-d", "CLOCK"])).await,
+        model: text(exec, &smi(&["--query-gpu=name", "--format=csv,noheader"])).await,
+        processes: text(
             exec,
             &smi(&[
                 "--query-compute-apps=pid,process_name,used_memory",
@@ -60,30 +69,35 @@ pub(super) async fn gather_gpu(exec: &Exec, node: &NodeConfig, f: &mut NodeFacts
             ]),
         )
         .await,
-    );
+    }
 }
 
 /// The daemon's runtimes, the running GPU containers that are not this deployment's, and whether
 /// this deployment's own rank runs there.
+pub(super) struct DockerView {
+    pub(super) runtimes: Result<Vec<String>, String>,
+    pub(super) gpu_containers: Result<Vec<String>, String>,
+    pub(super) own_rank_running: bool,
+}
+
+/// [`DockerView`] of node `index` through its daemon `d`, the three questions at once.
 pub(super) async fn gather_docker_gpu(
     ctx: &Context,
     d: &crate::ports::docker::DockerNode,
-    f: &mut NodeFacts,
-) {
+    index: usize,
+) -> DockerView {
     let c = ctx.config().config();
-    f.runtimes = Some(
-        d.info()
-            .await
+    let own = crate::container::rank_container_name(&c.deployment.name, index);
+    let (info, gpu, mine) = tokio::join!(d.info(), d.gpu_containers(), d.inspect_container(&own));
+    DockerView {
+        runtimes: info
             .map(|i| {
                 let mut r: Vec<String> = i.runtimes.unwrap_or_default().into_keys().collect();
                 r.sort();
                 r
             })
             .map_err(|e| error_chain(&e)),
-    );
-    f.gpu_containers = Some(
-        d.gpu_containers()
-            .await
+        gpu_containers: gpu
             .map(|all| {
                 all.into_iter()
                     .filter(|(_, labels)| {
@@ -93,16 +107,13 @@ pub(super) async fn gather_docker_gpu(
                     .collect()
             })
             .map_err(|e| error_chain(&e)),
-    );
-    let own = crate::container::rank_container_name(&c.deployment.name, f.index);
-    f.own_rank_running = d
-        .inspect_container(&own)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|i| i.state)
-        .and_then(|s| s.running)
-        .unwrap_or(false);
+        own_rank_running: mine
+            .ok()
+            .flatten()
+            .and_then(|i| i.state)
+            .and_then(|s| s.running)
+            .unwrap_or(false),
+    }
 }
 
 /// `MemAvailable`, waiting up to [`MEM_WAIT`] for it to reach the floor while page cache may
@@ -111,13 +122,12 @@ pub(super) async fn gather_memory(
     ctx: &Context,
     exec: &Exec,
     node: &NodeConfig,
-    f: &mut NodeFacts,
-) {
+) -> Result<String, String> {
     let min_gib = ctx.config().config().lifecycle.min_avail_gib;
     let floor = u64::from(min_gib) << 30;
-    f.meminfo = read_meminfo(exec, node).await;
+    let mut meminfo = read_meminfo(exec, node).await;
     let started = std::time::Instant::now();
-    while let Some(avail) = below_floor(&f.meminfo, floor) {
+    while let Some(avail) = below_floor(&meminfo, floor) {
         if started.elapsed() >= MEM_WAIT || ctx.is_cancelled() || ctx.is_dry_run() {
             break;
         }
@@ -135,37 +145,34 @@ pub(super) async fn gather_memory(
             () = tokio::time::sleep(MEM_POLL) => {}
             () = ctx.cancelled() => break,
         }
-        f.meminfo = read_meminfo(exec, node).await;
+        meminfo = read_meminfo(exec, node).await;
     }
+    meminfo
 }
 
-/// The route to the peer, the MTU of its netdev and the RoCE part of the node's sysfs, all read
-/// below the node's `sysfs_root`.
-pub(super) async fn gather_fabric(
-    exec: &Exec,
-    node: &NodeConfig,
-    peer: Ipv4Addr,
-    f: &mut NodeFacts,
-) {
+/// The route to the peer, the MTU of its netdev and the RoCE part of the node's sysfs.
+pub(super) struct FabricView {
+    pub(super) route: Result<String, String>,
+    pub(super) mtu: Option<Result<String, String>>,
+    pub(super) sysfs: Option<Result<Box<dyn Sysfs + Send + Sync>, String>>,
+}
+
+/// [`FabricView`] of the node, read below its `sysfs_root` (the MTU and the RoCE part at once,
+/// once the route names the netdev).
+pub(super) async fn gather_fabric(exec: &Exec, node: &NodeConfig, peer: Ipv4Addr) -> FabricView {
     let route = text(
         exec,
         &Cmd::new("ip").args(["-o", "-4", "route", "get", &peer.to_string()]),
     )
     .await;
+    let (mut mtu, mut sysfs) = (None, None);
     if let Some(r) = route.as_ref().ok().and_then(|t| roce::parse_route(t)) {
         let root = node.sysfs_root.trim_end_matches('/');
-        f.mtu = Some(
-            text(
-                exec,
-                &Cmd::new("cat").arg(format!("{root}/class/net/{}/mtu", r.dev)),
-            )
-            .await,
-        );
-        f.sysfs = Some(
-            text(exec, &Cmd::shell(sysfs_dump::SCRIPT).args(["sh", root]))
-                .await
-                .map(|t| Box::new(SysfsDump::parse(&t)) as Box<dyn Sysfs + Send + Sync>),
-        );
+        let mtu_cmd = Cmd::new("cat").arg(format!("{root}/class/net/{}/mtu", r.dev));
+        let dump_cmd = Cmd::shell(sysfs_dump::SCRIPT).args(["sh", root]);
+        let (m, dump) = tokio::join!(text(exec, &mtu_cmd), text(exec, &dump_cmd));
+        mtu = Some(m);
+        sysfs = Some(dump.map(|t| Box::new(SysfsDump::parse(&t)) as Box<dyn Sysfs + Send + Sync>));
     }
-    f.route = Some(route);
+    FabricView { route, mtu, sysfs }
 }

@@ -22,7 +22,7 @@ mod host;
 
 use disk_need::gather_head_inputs;
 pub(super) use disk_need::{settle_inputs, settle_shares};
-use host::{gather_docker_gpu, gather_fabric, gather_gpu, gather_memory};
+use host::{FabricView, GpuView, gather_docker_gpu, gather_fabric, gather_gpu, gather_memory};
 
 /// A command's stdout as text; its error chain on failure.
 async fn text(exec: &Exec, cmd: &Cmd) -> Result<String, String> {
@@ -86,53 +86,117 @@ pub(super) async fn gather(
     let mut f = NodeFacts::new(&node.name, index, &node.ssh);
     f.fabric_addr = node.fabric_addr;
     f.peer = peer;
-    let exec = match ctx.exec(index).await {
-        Ok(e) => e,
+    // Docker has its own connection to the node (its socket forwarded over SSH): probed beside
+    // everything else, from the start.
+    let docker = async {
+        match ctx.docker(index).await {
+            Ok(d) => match d.ping().await {
+                Ok(()) => (
+                    DockerProbe::Reachable,
+                    Some(gather_docker_gpu(ctx, d, index).await),
+                ),
+                Err(e) => (DockerProbe::PingFailed(error_chain(&e)), None),
+            },
+            Err(e) => (DockerProbe::Unreachable(error_chain(&e)), None),
+        }
+    };
+    let ((docker, docker_view), host) = tokio::join!(docker, gather_host(ctx, index, peer));
+    let host = match host {
+        Ok(h) => h,
         Err(e) => {
-            f.reach = Err(error_chain(&e));
+            f.reach = Err(e);
             return (f, None);
         }
     };
-    f.reach = exec
-        .run(&Cmd::new("true"))
-        .await
-        .map(|_| ())
-        .map_err(|e| error_chain(&e));
-    if f.reach.is_err() {
-        return (f, None);
+    f.reach = Ok(());
+    f.docker = docker;
+    if let Some(v) = docker_view {
+        f.runtimes = Some(v.runtimes);
+        f.gpu_containers = Some(v.gpu_containers);
+        f.own_rank_running = v.own_rank_running;
     }
-    f.sudo = exec
-        .output(&Cmd::new("sudo").args(["-n", "true"]))
+    f.sudo = host.sudo;
+    f.smi = Some(host.gpu.smi);
+    f.gpu_model = Some(host.gpu.model);
+    f.gpu_processes = Some(host.gpu.processes);
+    f.meminfo = host.meminfo;
+    f.disks.push(host.disk);
+    if let Some(v) = host.fabric {
+        f.route = Some(v.route);
+        f.mtu = v.mtu;
+        f.sysfs = v.sysfs;
+    }
+    f.infiniband = host.infiniband;
+    (f, host.head)
+}
+
+/// What a node's commands tell of it (besides Docker).
+struct HostFacts {
+    sudo: bool,
+    gpu: GpuView,
+    meminfo: Result<String, String>,
+    disk: DiskFacts,
+    fabric: Option<FabricView>,
+    infiniband: bool,
+    head: Option<(HeadInputs, DiskFacts)>,
+}
+
+/// Node `index`'s [`HostFacts`] through its Exec port; the error chain when it cannot be
+/// reached.
+async fn gather_host(
+    ctx: &Context,
+    index: usize,
+    peer: Option<Ipv4Addr>,
+) -> Result<HostFacts, String> {
+    let node = &ctx.config().config().nodes[index];
+    let exec = ctx.exec(index).await.map_err(|e| error_chain(&e))?;
+    exec.run(&Cmd::new("true"))
         .await
-        .is_ok_and(|o| o.status.success());
-    f.docker = match ctx.docker(index).await {
-        Ok(d) => match d.ping().await {
-            Ok(()) => DockerProbe::Reachable,
-            Err(e) => DockerProbe::PingFailed(error_chain(&e)),
-        },
-        Err(e) => DockerProbe::Unreachable(error_chain(&e)),
+        .map_err(|e| error_chain(&e))?;
+    // Everything else at once, none depending on another: at most 8 commands at a time (each a
+    // session of the node's one SSH connection, of sshd's default 10). Each group runs its own
+    // commands one after the other.
+    let sudo = async {
+        exec.output(&Cmd::new("sudo").args(["-n", "true"]))
+            .await
+            .is_ok_and(|o| o.status.success())
     };
-    if f.docker == DockerProbe::Reachable
-        && let Ok(d) = ctx.docker(index).await
-    {
-        gather_docker_gpu(ctx, d, &mut f).await;
-    }
-    gather_gpu(exec, node, &mut f).await;
-    gather_memory(ctx, exec, node, &mut f).await;
-    f.disks.push(disk_of(exec, &node.data_dir).await);
-    if let Some(peer) = peer {
-        gather_fabric(exec, node, peer, &mut f).await;
-    }
-    f.infiniband = exec
-        .path_exists(Path::new("/dev/infiniband"))
-        .await
-        .unwrap_or(false);
-    let head = if index == 0 {
-        Some(gather_head_inputs(ctx, exec).await)
-    } else {
-        None
+    let fabric = async {
+        match peer {
+            Some(peer) => Some(gather_fabric(exec, node, peer).await),
+            None => None,
+        }
     };
-    (f, head)
+    let infiniband = async {
+        exec.path_exists(Path::new("/dev/infiniband"))
+            .await
+            .unwrap_or(false)
+    };
+    let head = async {
+        if index == 0 {
+            Some(gather_head_inputs(ctx, exec).await)
+        } else {
+            None
+        }
+    };
+    let (sudo, gpu, meminfo, disk, fabric, infiniband, head) = tokio::join!(
+        sudo,
+        gather_gpu(exec, node),
+        gather_memory(ctx, exec, node),
+        disk_of(exec, &node.data_dir),
+        fabric,
+        infiniband,
+        head,
+    );
+    Ok(HostFacts {
+        sudo,
+        gpu,
+        meminfo,
+        disk,
+        fabric,
+        infiniband,
+        head,
+    })
 }
 
 /// What the image step needs on the head (the engine binaries in its engine directory, the base
