@@ -105,6 +105,9 @@ impl LaunchError {
     }
 }
 
+/// How long a follower must have been running before the launch counts it as started.
+const FOLLOWER_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The rank specs for the facts learned so far and their cross-rank fingerprint.
 async fn resolve(
     ctx: &Context,
@@ -202,6 +205,10 @@ impl LaunchRank {
         let c = ctx.config().config();
         crate::lifecycle::api_key::for_launch(&c.serving).map_err(|e| fail(e.into()))?;
         ctx.mark_launch_started();
+        // Followers first, back to back, then rank 0; a follower that dies at once (bad argv,
+        // missing input) fails the launch (and the run stops every rank it started): each is
+        // looked at once it has had `FOLLOWER_GRACE`, rank 0's start running meanwhile.
+        let mut last_follower = None;
         for s in &mut specs {
             s.labels
                 .insert(labels::FINGERPRINT.to_owned(), fingerprint.clone());
@@ -226,23 +233,27 @@ impl LaunchRank {
                     })
                 })?;
             if s.rank != 0 {
-                // A follower that dies at once (bad argv, missing input) must stop the launch here.
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                let i = ctx.node_index(&s.node);
-                // Docker not answering here is not an exit: only a state that says "not
-                // running" stops the launch.
-                let exited = ctx
-                    .rank_state(i, &s.name)
-                    .await
-                    .is_ok_and(|state| !state.running);
-                if exited {
-                    let tail = ctx.log_tail(i, &s.name, 20).await;
-                    return Err(fail(LaunchError::Exited {
-                        rank: s.rank,
-                        node: s.node.clone(),
-                        tail,
-                    }));
-                }
+                last_follower = Some(tokio::time::Instant::now());
+            }
+        }
+        if let Some(started) = last_follower {
+            tokio::time::sleep_until(started + FOLLOWER_GRACE).await;
+        }
+        for s in specs.iter().filter(|s| s.rank != 0) {
+            let i = ctx.node_index(&s.node);
+            // Docker not answering here is not an exit: only a state that says "not running"
+            // stops the launch.
+            let exited = ctx
+                .rank_state(i, &s.name)
+                .await
+                .is_ok_and(|state| !state.running);
+            if exited {
+                let tail = ctx.log_tail(i, &s.name, 20).await;
+                return Err(fail(LaunchError::Exited {
+                    rank: s.rank,
+                    node: s.node.clone(),
+                    tail,
+                }));
             }
         }
         record_launch(ctx, &specs, &fingerprint).await;
