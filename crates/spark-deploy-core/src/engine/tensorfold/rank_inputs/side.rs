@@ -160,8 +160,9 @@ impl RankInputs {
         }
     }
 
-    /// The overlapped part of the side inputs: built once the kit's repository is fetched and
-    /// the checkpoint's config and tokenizer have landed (or, when the bias must come from the
+    /// The overlapped part of the side inputs: built once the kit's repository is fetched, the
+    /// checkpoint's config and tokenizer have landed and the rank files' plan has said which
+    /// shards it wants first (or, when the bias must come from the
     /// original model, once the fetch has finished); `Stages::side_inputs` then lets the workers
     /// have them. `None` under PREPARE=0 (the build checks what is there after the fetch).
     ///
@@ -188,11 +189,14 @@ impl RankInputs {
                 .exists()
             })
         };
+        // After the rank files' plan has told the fetch which shards it wants first (the large
+        // downloads wait for that wish): this work must not slow the planning down.
         ctx.wait_for(StepKind::BuildRankCache, |x| {
             x.stages().fetched
                 || (x.repo_fetched(&c.model.kit_repo)
                     && landed(x, "config.json")
-                    && landed(x, "tokenizer.json"))
+                    && landed(x, "tokenizer.json")
+                    && x.wanted_first().is_some())
         })
         .await?;
         let Some(commit) = ctx.facts().model_commit.known().cloned() else {
