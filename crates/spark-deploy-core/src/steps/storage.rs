@@ -515,8 +515,9 @@ impl ConfigureWorkerStorage {
             StepFailure::new(StepKind::ConfigureWorkerStorage, e, Some(RESUME.into()))
                 .at(Some(w.node.clone()), Some(w.rank))
         };
-        // Overlapped `up`: Engram shards travel as they land and the rank files as soon as they
-        // are final on the head; everything else once the build is done.
+        // Overlapped `up`: Engram shards travel as they land, the kit and the token map once
+        // built, the rank files as soon as they are final on the head; whatever is left once the
+        // build is done.
         let mut shipped = Shipped::default();
         if ctx.overlapped() {
             shipped = self.ship_early(ctx, engine).await?;
