@@ -87,6 +87,27 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A transport port whose `followers` ports from it up (follower `g` listens on port + g - 1)
+/// are free, and a free HTTP port outside them: all held open while chosen, so the HTTP port
+/// is never one a follower binds.
+fn free_ports(followers: u16) -> (u16, u16) {
+    loop {
+        let first = TcpListener::bind("127.0.0.1:0").unwrap();
+        let tp = first.local_addr().unwrap().port();
+        let rest: Option<Vec<TcpListener>> = (1..followers)
+            .map(|k| {
+                tp.checked_add(k)
+                    .and_then(|p| TcpListener::bind(("127.0.0.1", p)).ok())
+            })
+            .collect();
+        if rest.is_none() {
+            continue;
+        }
+        let http = free_port();
+        return (tp, http);
+    }
+}
+
 fn tmp_copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -307,8 +328,7 @@ fn rank0_cmd(env: &HashMap<String, String>, http: u16, context: u64, extra: &[&s
 }
 
 fn start(s: &Setup<'_>) -> Ranks {
-    let tp = free_port();
-    let http = free_port();
+    let (tp, http) = free_ports(1);
     let pool = s.pool.to_string();
     let mut c1 = rank1_cmd(
         s.cache1,
@@ -1048,8 +1068,7 @@ fn rank_1_dying_makes_every_request_fail_with_peer_down() {
 fn four_ranks_serve_with_the_proof_and_one_dead_follower_fails_every_request() {
     let f = fixture();
     let caches = f._inputs.rank_caches_at(4).unwrap();
-    let tp = free_port();
-    let http_port = free_port();
+    let (tp, http_port) = free_ports(3);
     let pool = POOL.to_string();
     let tp4_env = [
         ("TF_DS_WINDOW", pool.as_str()),
@@ -1165,9 +1184,10 @@ fn different_rdma_device_counts_stop_both_ranks_with_bad_info() {
 #[test]
 fn rank_0_stops_cleanly_while_waiting_for_rank_1() {
     let f = fixture();
+    let (tp, http) = free_ports(1);
     let mut r0 = Proc::spawn(rank0_cmd(
-        &rank0_env(&f.cache0, &f.kit, free_port()),
-        free_port(),
+        &rank0_env(&f.cache0, &f.kit, tp),
+        http,
         POOL,
         &[],
     ));
@@ -1416,8 +1436,7 @@ fn rank_1_runs_in_the_from_scratch_image() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("BadArgument"));
     // a real rank 1 in the image follows a rank 0 on the host
-    let tp = free_port();
-    let http_port = free_port();
+    let (tp, http_port) = free_ports(1);
     let mut c = Command::new("docker");
     c.args(["run", "--rm", "--name", &g.container, "--network", "host"])
         .args(["-e", "TF_STANDIN_CONNECT_TIMEOUT_S=30"]);

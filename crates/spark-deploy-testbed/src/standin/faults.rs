@@ -17,6 +17,7 @@
 //! | `draft_mismatch` | with drafts on, one token differs from the serial path's |
 //! | `wedge` | `/health` stays ok, `/metrics` counters freeze, every chat request hangs (a wedged pair) |
 //! | `crash_loop` | rank 1 exits [`CRASH_AFTER`] after it starts following (given to both ranks through `engine.env`, every launch crashes again) |
+//! | `follower_exits` | rank 1 exits at once (code 2, before it loads anything), like an engine given an argument it refuses (through `engine.env`) |
 //!
 //! Rank 0 also reads [`FAULT_FILE`] (a comma list in the same form, absent = none) while it
 //! serves, so a test turns a fault on at runtime by copying that file into the container
@@ -60,11 +61,13 @@ pub enum Fault {
     Wedge,
     /// Rank 1 exits soon after every start.
     CrashLoop,
+    /// Rank 1 exits at once.
+    FollowerExits,
 }
 
 impl Fault {
     /// Every fault mode.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::WrongAnswer,
         Self::ThinkingLeak,
         Self::NoToolCall,
@@ -77,6 +80,7 @@ impl Fault {
         Self::DraftMismatch,
         Self::Wedge,
         Self::CrashLoop,
+        Self::FollowerExits,
     ];
 
     /// The name in `TF_STANDIN_FAULT`.
@@ -95,6 +99,7 @@ impl Fault {
             Self::DraftMismatch => "draft_mismatch",
             Self::Wedge => "wedge",
             Self::CrashLoop => "crash_loop",
+            Self::FollowerExits => "follower_exits",
         }
     }
 }

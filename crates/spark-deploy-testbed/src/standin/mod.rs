@@ -302,6 +302,15 @@ fn run_rank1(
 ) -> Result<u8, StandinError> {
     let start = Instant::now();
     let a: Rank1Args = args::parse_rank1(argv, env)?;
+    if faults::Faults::from_env(env)?.has(faults::Fault::FollowerExits) {
+        let _ = writeln!(
+            out,
+            "{{\"rank\": {}, \"exit\": \"follower_exits\"}}",
+            a.rank
+        );
+        let _ = out.flush();
+        return Ok(2);
+    }
     args::check_kit_variants(env)?;
     let engram = a.engram.clone().unwrap_or_default();
     let token_map = a.token_map.clone().unwrap_or_default();
