@@ -63,6 +63,11 @@ def fetch_config(hub, tmp: pathlib.Path) -> spark_deploy.Config:
     return spark_deploy.Config.from_dict(d)
 
 
+def cache_dir(tmp: pathlib.Path, repo: str) -> pathlib.Path:
+    """Where the hub cache under ``tmp/hf`` keeps ``repo``."""
+    return tmp / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
+
+
 def git_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
@@ -125,21 +130,23 @@ def test_sigint_during_a_download_raises_within_2s_and_the_rerun_fetches_only_th
     assert len(progress) > 1 and progress == sorted(progress) and progress[-1] > progress[0]
 
     # Resumable: partial bytes only in `.incomplete` files, each a prefix of its file; every blob
-    # under a final name is complete and correct.
-    blobs = tmp_path / "hf" / "hub" / "models--testbed--dsv41-exl3" / "blobs"
-    sources = contents_by_etag(checkpoint_tree / MODEL)
+    # under a final name is complete and correct. The step fetches the kit first, so the partial
+    # may sit in any of the three repositories' caches.
     partial, final = {}, {}
-    for p in blobs.iterdir():
-        if p.name.endswith(".incomplete"):
-            partial[p.name.removesuffix(".incomplete")] = p.read_bytes()
-        else:
-            final[p.name] = p.read_bytes()
+    for repo in (MODEL, ORIGINAL, KIT):
+        blobs = cache_dir(tmp_path, repo) / "blobs"
+        sources = contents_by_etag(checkpoint_tree / repo)
+        for p in blobs.iterdir() if blobs.is_dir() else ():
+            data = p.read_bytes()
+            if p.name.endswith(".incomplete"):
+                etag = p.name.removesuffix(".incomplete")
+                assert etag in sources, f"{repo}: {etag}"
+                assert len(data) < len(sources[etag]) and sources[etag].startswith(data), f"{repo}: {etag}"
+                partial[(repo, etag)] = data
+            else:
+                assert sources.get(p.name) == data, f"{repo}: {p.name}: a partial or wrong file under a final name"
+                final[(repo, p.name)] = data
     assert any(partial.values()), f"no partial download left: {sorted(partial)} {sorted(final)}"
-    for etag, data in partial.items():
-        assert etag in sources, etag
-        assert len(data) < len(sources[etag]) and sources[etag].startswith(data), etag
-    for etag, data in final.items():
-        assert sources.get(etag) == data, f"{etag}: a partial or wrong file under a final name"
     present = sum(map(len, partial.values())) + sum(map(len, final.values()))
 
     # The re-run (unpaced hub, same tree, same commits) moves exactly the remainder.
@@ -155,7 +162,8 @@ def test_sigint_during_a_download_raises_within_2s_and_the_rerun_fetches_only_th
     assert report.ok and report[0]["status"] == "ran", report
     assert report[0]["bytes"] == served
     assert remainder <= served <= remainder + SLACK, (served, remainder)
-    assert not list(blobs.glob("*.incomplete"))
-    snapshot = tmp_path / "hf" / "hub" / "models--testbed--dsv41-exl3" / "snapshots" / paced.commits[MODEL]
+    for repo in (MODEL, ORIGINAL, KIT):
+        assert not list((cache_dir(tmp_path, repo) / "blobs").glob("*.incomplete")), repo
+    snapshot = cache_dir(tmp_path, MODEL) / "snapshots" / paced.commits[MODEL]
     for src in (checkpoint_tree / MODEL).iterdir():
         assert (snapshot / src.name).read_bytes() == src.read_bytes(), src.name

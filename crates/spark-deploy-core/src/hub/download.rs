@@ -40,7 +40,9 @@ impl Hub {
         r: &ResolvedRepo,
         job: &Job,
         tally: &Tally<'_>,
+        slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<FileOutcome, FetchError> {
+        let mut slot = Some(slot);
         if self.is_cancelled() {
             return Err(Self::cancelled_error(r));
         }
@@ -62,6 +64,7 @@ impl Hub {
             let ok = snapshot::stamp_ok(&self.cache, &r.repo, &job.etag)
                 || verify_blocking(&blob, &file, &job.expected).await.is_ok();
             if ok {
+                drop(slot);
                 snapshot::write_stamp(&self.cache, &r.repo, &job.etag);
                 tally.done.fetch_add(job.size, Ordering::Relaxed);
                 tally.progress(&file, job.size, job.size);
@@ -87,6 +90,7 @@ impl Hub {
                 },
                 &mut hasher,
                 tally,
+                slot.take(),
             )
             .await?;
             let checked = match hasher {
@@ -125,12 +129,14 @@ impl Hub {
         Ok(outcome)
     }
 
-    /// Fill `incomplete` up to `size` bytes, resuming from its length.
+    /// Fill `incomplete` up to `size` bytes, resuming from its length; the first transfer uses
+    /// `slot` when given (the one the file was chosen in), later ones wait for a free slot.
     async fn download_to(
         &self,
         t: Target<'_>,
         hasher: &mut Option<StreamHasher>,
         tally: &Tally<'_>,
+        mut slot: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<(), FetchError> {
         let Target {
             r,
@@ -169,9 +175,12 @@ impl Hub {
             if self.is_cancelled() {
                 return Err(Self::cancelled_error(r));
             }
-            let slot = tokio::select! {
-                slot = tally.slots.acquire() => slot.map_err(|_| Self::cancelled_error(r))?,
-                () = cancelled(self.cfg.cancel.as_ref()) => return Err(Self::cancelled_error(r)),
+            let slot = match slot.take() {
+                Some(slot) => slot,
+                None => tokio::select! {
+                    slot = std::sync::Arc::clone(&tally.slots).acquire_owned() => slot.map_err(|_| Self::cancelled_error(r))?,
+                    () = cancelled(self.cfg.cancel.as_ref()) => return Err(Self::cancelled_error(r)),
+                },
             };
             tally.progress.on_event(&FetchEvent::FileStarted {
                 file: file.to_owned(),
@@ -233,7 +242,7 @@ impl Hub {
         mut have: u64,
         hasher: &mut Option<StreamHasher>,
         tally: &Tally<'_>,
-        slot: tokio::sync::SemaphorePermit<'_>,
+        slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<Attempt, FetchError> {
         let Target {
             r,

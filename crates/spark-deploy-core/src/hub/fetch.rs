@@ -217,7 +217,7 @@ impl FetchReport {
 pub(super) struct Tally<'a> {
     /// The download slots on the link: a transfer holds one from its request to its last byte,
     /// not while its file is synced, verified and linked (the next transfer has the link then).
-    pub(super) slots: tokio::sync::Semaphore,
+    pub(super) slots: std::sync::Arc<tokio::sync::Semaphore>,
     pub(super) total: u64,
     pub(super) done: AtomicU64,
     pub(super) transferred: AtomicU64,
@@ -342,8 +342,9 @@ impl Hub {
         r: &ResolvedRepo,
         job: &Job,
         tally: &Tally<'_>,
+        slot: tokio::sync::OwnedSemaphorePermit,
     ) -> Result<(String, FileOutcome), FetchError> {
-        let o = self.fetch_blob(r, job, tally).await?;
+        let o = self.fetch_blob(r, job, tally, slot).await?;
         for path in &job.paths {
             self.cache
                 .link_snapshot(&r.repo, &r.commit, path, &job.etag)?;
@@ -438,7 +439,7 @@ impl Hub {
         by_path.sort();
 
         let tally = Tally {
-            slots: tokio::sync::Semaphore::new(self.cfg.max_streams.max(1)),
+            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(self.cfg.max_streams.max(1))),
             total: jobs.values().map(|j| j.size).sum(),
             done: AtomicU64::new(0),
             transferred: AtomicU64::new(0),
@@ -457,14 +458,15 @@ impl Hub {
         //    `up`) can use a file the moment its link appears: a link only ever points to a
         //    verified blob.
         //    A file the consumer wants first ([`FetchProgress::wanted_first`]) jumps the queue
-        //    when a slot frees. Twice as many files as download slots are under way: while one
-        //    is synced, verified and linked, the next one's transfer has its slot.
+        //    when a slot frees: the next file is chosen only once a slot is free, and starts in
+        //    it. Up to twice as many files as download slots are under way: while one is synced,
+        //    verified and linked, the next one's transfer has its slot.
         let tally_ref = &tally;
         let mut order: Vec<&Job> = jobs.values().collect();
         order.sort_by(|a, b| download_order(a).cmp(&download_order(b)));
-        let picks = Picks::new(&order, progress);
+        let picks = Picks::new(&order, progress, std::sync::Arc::clone(&tally_ref.slots));
         let outcomes: Vec<Result<(String, FileOutcome), FetchError>> = picks
-            .map(|i| self.fetch_and_link(r, order[i], tally_ref))
+            .map(|(i, slot)| self.fetch_and_link(r, order[i], tally_ref, slot))
             .buffer_unordered(self.cfg.max_streams.max(1) * 2)
             .collect()
             .await;

@@ -1,5 +1,5 @@
 //! The order a fetch downloads its blobs in, and the stream that hands a freed download slot its
-//! next blob: small files first (a consumer running alongside plans from them), then the large
+//! next blob (choosing only once a slot is free): small files first (a consumer running alongside plans from them), then the large
 //! ones by name, except that a file the consumer wants first jumps the queue
 //! ([`FetchProgress::wanted_first`]); while a consumer that will say what it wants has not said
 //! it yet, a large file waits a few seconds at most.
@@ -16,19 +16,38 @@ const SMALL_FILE: u64 = 16 << 20;
 /// ([`FetchProgress::wanted_first`] is `None`).
 const WISH_WAIT: Duration = Duration::from_secs(3);
 
+/// A download slot being waited for.
+type SlotWait = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError>,
+            > + Send,
+    >,
+>;
+
 /// The blobs still waiting (indices into the fetch's order), as a stream of the next one to
-/// start: a file the consumer wants first jumps the queue; while the consumer is undecided a
-/// large file waits (up to `undecided_until`). Polled by `buffer_unordered` whenever a slot frees.
+/// start together with the download slot it starts in. The stream first waits for a free slot
+/// and only then chooses, so a file the consumer wants first jumps the queue at the moment a
+/// slot frees (not when an earlier file was chosen); while the consumer is undecided a large file
+/// waits (up to `undecided_until`). A closed semaphore (the fetch is over) ends the stream.
 pub(super) struct Picks<'a> {
     waiting: std::collections::VecDeque<(usize, u64, &'a [String])>,
     progress: &'a dyn FetchProgress,
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
     undecided_until: Instant,
+    slot_wait: Option<SlotWait>,
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<'a> Picks<'a> {
-    /// The jobs of `order` (indices into it), for a fetch reporting to `progress`.
-    pub(super) fn new(order: &[&'a Job], progress: &'a dyn FetchProgress) -> Self {
+    /// The jobs of `order` (indices into it), for a fetch reporting to `progress` whose transfers
+    /// each hold one of `slots`.
+    pub(super) fn new(
+        order: &[&'a Job],
+        progress: &'a dyn FetchProgress,
+        slots: std::sync::Arc<tokio::sync::Semaphore>,
+    ) -> Self {
         Self {
             waiting: order
                 .iter()
@@ -36,7 +55,10 @@ impl<'a> Picks<'a> {
                 .map(|(i, j)| (i, j.size, j.paths.as_slice()))
                 .collect(),
             progress,
+            slots,
             undecided_until: Instant::now() + WISH_WAIT,
+            slot_wait: None,
+            slot: None,
             sleep: None,
         }
     }
@@ -63,19 +85,37 @@ impl<'a> Picks<'a> {
 }
 
 impl futures::Stream for Picks<'_> {
-    type Item = usize;
+    type Item = (usize, tokio::sync::OwnedSemaphorePermit);
 
     fn poll_next(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<usize>> {
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if self.waiting.is_empty() {
+            return std::task::Poll::Ready(None);
+        }
+        if self.slot.is_none() {
+            let slots = std::sync::Arc::clone(&self.slots);
+            let wait = self
+                .slot_wait
+                .get_or_insert_with(|| Box::pin(slots.acquire_owned()));
+            let acquired = std::task::ready!(wait.as_mut().poll(cx));
+            self.slot_wait = None;
+            match acquired {
+                Ok(slot) => self.slot = Some(slot),
+                Err(_) => return std::task::Poll::Ready(None),
+            }
+        }
         loop {
             if let Some(sleep) = self.sleep.as_mut() {
                 std::task::ready!(sleep.as_mut().poll(cx));
                 self.sleep = None;
             }
             match self.pick() {
-                Ok(next) => return std::task::Poll::Ready(next),
+                Ok(next) => {
+                    let slot = self.slot.take();
+                    return std::task::Poll::Ready(next.zip(slot));
+                }
                 Err(()) => {
                     self.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(20))));
                 }
