@@ -3,7 +3,10 @@
 //! onto the worker's disk directory (the testbed's physical limit: the same disk).
 //!
 //! `cargo run --release -p spark-deploy-testbed --bin bench-storage` (the large test-scale
-//! checkpoint's model files, 2.49 GiB; `BENCH_CHECKPOINT=small` for a quick run). Ours ships them
+//! checkpoint's model files, 2.49 GiB; `BENCH_CHECKPOINT=small` for a quick run). It runs
+//! `BENCH_ROUNDS` rounds (2 unless set), each copying the payload all three ways, the even rounds
+//! in the reverse order, and reports each copy and each way's median; `BENCH_STREAMS` sets ours's
+//! streams (4, the step's setting). Ours ships them
 //! as the step does, from HF-cache blobs named by their sha256; rsync and cp copy the same bytes
 //! from the plain files. Needs root, Docker and `rsync`.
 //!
@@ -12,7 +15,7 @@
 #![allow(clippy::print_stdout)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -75,6 +78,33 @@ fn remove_bench_files(info: &cluster::TestbedInfo) {
     let _ = fs_err::remove_file(info.state_dir.join("hashes.tsv"));
 }
 
+/// One way of copying the payload to the worker's disk.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Ours,
+    Rsync,
+    Cp,
+}
+
+impl Way {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Ours => "ours",
+            Self::Rsync => "rsync",
+            Self::Cp => "cp",
+        }
+    }
+
+    /// Its destination directory under the worker's disk directory.
+    fn dir(self) -> &'static str {
+        match self {
+            Self::Ours => "bench-ours",
+            Self::Rsync => "bench-rsync",
+            Self::Cp => "bench-cp",
+        }
+    }
+}
+
 async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     let w = info.worker();
     let src = info.state_dir.join("bench-src");
@@ -94,8 +124,6 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     );
     let mib = |secs: f64| bytes as f64 / secs / f64::from(1u32 << 20);
 
-    // 1. Ours: head file server on the fabric address, worker pulls with curl, sha256 verified.
-    let dest = w.disk_dir.join("bench-ours");
     let server = FileServer::start(SocketAddr::new(info.head_fabric_addr.into(), 0)).await?;
     let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
     // The checkpoint as ConfigureWorkerStorage ships it: from the head's HF cache, where each
@@ -104,7 +132,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     let blobs = info.state_dir.join("bench-blobs");
     let _ = fs_err::remove_dir_all(&blobs);
     fs_err::create_dir_all(&blobs)?;
-    let mut jobs = expand(&data, &dest)?;
+    let mut jobs = expand(&data, &w.disk_dir.join(Way::Ours.dir()))?;
     for j in &mut jobs {
         use sha2::Digest as _;
         use std::io::Read as _;
@@ -130,68 +158,126 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4);
-    let t = Instant::now();
-    let stats = pull::transfer(
-        &exec,
-        &server,
-        &jobs,
-        &dest.join(".manifest.tsv"),
-        &info.state_dir.join("hashes.tsv"),
-        streams,
-        &|_| {},
-    )
-    .await?;
-    sync_fs();
-    let ours = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let again = pull::transfer(
-        &exec,
-        &server,
-        &jobs,
-        &dest.join(".manifest.tsv"),
-        &info.state_dir.join("hashes.tsv"),
-        4,
-        &|_| {},
-    )
-    .await?;
-    let rerun = t.elapsed().as_secs_f64();
-
-    // 2. rsync -a --whole-file over SSH to the worker's fabric address.
-    let rdest = w.disk_dir.join("bench-rsync");
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+        .max(1);
     let ssh = format!(
         "ssh -i {} -o BatchMode=yes -o UserKnownHostsFile={} -o HostKeyAlias={} -o StrictHostKeyChecking=yes",
         w.identity_file.display(),
         w.known_hosts.display(),
         w.management_addr
     );
-    let t = Instant::now();
-    let st = Command::new("rsync")
-        .args(["-a", "--whole-file", "-e", &ssh])
-        .arg(format!("{}/", data.display()))
-        .arg(format!("root@{}:{}/", w.fabric_addr, rdest.display()))
-        .status()?;
-    sync_fs();
-    let rsync = t.elapsed().as_secs_f64();
-    if !st.success() {
-        return Err("rsync failed".into());
+    let hashes = info.state_dir.join("hashes.tsv");
+    let mut times: Vec<(Way, f64)> = Vec::new();
+    let mut stats = None;
+    for round in 1..=rounds {
+        // Odd rounds run ours, rsync, cp; even rounds the reverse, so whatever the machine makes
+        // a round's first copy pay falls on each way in turn.
+        let mut order = [Way::Ours, Way::Rsync, Way::Cp];
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        for way in order {
+            let dest = w.disk_dir.join(way.dir());
+            let _ = fs_err::remove_dir_all(&dest);
+            sync_fs();
+            let t = Instant::now();
+            match way {
+                // 1. Ours: the head's file server on the fabric address, the worker pulls,
+                //    sha256 verified on arrival.
+                Way::Ours => {
+                    let s = pull::transfer(
+                        &exec,
+                        &server,
+                        &jobs,
+                        &dest.join(".manifest.tsv"),
+                        &hashes,
+                        streams,
+                        &|_| {},
+                    )
+                    .await?;
+                    stats = Some(s);
+                }
+                // 2. rsync -a --whole-file over SSH to the worker's fabric address.
+                Way::Rsync => {
+                    let st = Command::new("rsync")
+                        .args(["-a", "--whole-file", "-e", &ssh])
+                        .arg(format!("{}/", data.display()))
+                        .arg(format!("root@{}:{}/", w.fabric_addr, dest.display()))
+                        .status()?;
+                    if !st.success() {
+                        return Err("rsync failed".into());
+                    }
+                }
+                // 3. A local cp onto the worker's disk directory (the same disk).
+                Way::Cp => {
+                    let st = Command::new("cp")
+                        .arg("-r")
+                        .arg(&data)
+                        .arg(&dest)
+                        .status()?;
+                    if !st.success() {
+                        return Err("cp failed".into());
+                    }
+                }
+            }
+            sync_fs();
+            let secs = t.elapsed().as_secs_f64();
+            println!(
+                "round {round}: {:<5} {secs:7.2} s  {:8.1} MiB/s",
+                way.name(),
+                mib(secs)
+            );
+            times.push((way, secs));
+        }
+        let this = |way: Way| {
+            times
+                .iter()
+                .rev()
+                .take(3)
+                .find(|(w, _)| *w == way)
+                .map_or(f64::NAN, |(_, s)| *s)
+        };
+        println!(
+            "round {round}: ours/rsync = {:.2}x   ours/cp = {:.2}x",
+            this(Way::Rsync) / this(Way::Ours),
+            this(Way::Cp) / this(Way::Ours)
+        );
     }
-
-    // 3. Local cp onto the worker's disk directory (same disk).
-    let cdest: PathBuf = w.disk_dir.join("bench-cp");
+    let median = |way: Way| {
+        let mut v: Vec<f64> = times
+            .iter()
+            .filter(|(w, _)| *w == way)
+            .map(|(_, s)| *s)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    let (ours, rsync, cp) = (median(Way::Ours), median(Way::Rsync), median(Way::Cp));
+    let stats = stats.ok_or("no round ran")?;
     let t = Instant::now();
-    let st = Command::new("cp")
-        .arg("-r")
-        .arg(&data)
-        .arg(&cdest)
-        .status()?;
-    sync_fs();
-    let cp = t.elapsed().as_secs_f64();
-    if !st.success() {
-        return Err("cp failed".into());
-    }
+    let again = pull::transfer(
+        &exec,
+        &server,
+        &jobs,
+        &w.disk_dir.join(Way::Ours.dir()).join(".manifest.tsv"),
+        &hashes,
+        4,
+        &|_| {},
+    )
+    .await?;
+    let rerun = t.elapsed().as_secs_f64();
 
+    println!("medians over {rounds} round(s):");
     println!(
-        "ours  : {ours:7.2} s  {:8.1} MiB/s  ({} of {} files sent, sha256 verified on both ends)",
+        "ours  : {ours:7.2} s  {:8.1} MiB/s  ({} of {} files sent, {streams} streams, sha256 verified on both ends)",
         mib(ours),
         stats.sent,
         stats.files
