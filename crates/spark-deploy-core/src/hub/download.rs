@@ -61,10 +61,12 @@ impl Hub {
         };
         let mut outcome = FileOutcome::Downloaded;
         if blob.exists() {
+            // A blob that is here is checked, not transferred: its slot goes to the next file
+            // (a re-download, should the check fail, waits for one).
+            slot = None;
             let ok = snapshot::stamp_ok(&self.cache, &r.repo, &job.etag)
                 || verify_blocking(&blob, &file, &job.expected).await.is_ok();
             if ok {
-                drop(slot);
                 snapshot::write_stamp(&self.cache, &r.repo, &job.etag);
                 tally.done.fetch_add(job.size, Ordering::Relaxed);
                 tally.progress(&file, job.size, job.size);

@@ -1,8 +1,8 @@
 //! The order a fetch downloads its blobs in, and the stream that hands a freed download slot its
-//! next blob (choosing only once a slot is free): small files first (a consumer running alongside plans from them), then the large
-//! ones by name, except that a file the consumer wants first jumps the queue
-//! ([`FetchProgress::wanted_first`]); while a consumer that will say what it wants has not said
-//! it yet, a large file waits a few seconds at most.
+//! next blob (choosing only once a slot is free): small files first (a consumer running
+//! alongside plans from them), then the large ones by name, except that a file the consumer
+//! wants first jumps the queue ([`FetchProgress::wanted_first`]); while a consumer that will say
+//! what it wants has not said it yet, a large file waits a few seconds at most.
 
 use std::time::{Duration, Instant};
 
