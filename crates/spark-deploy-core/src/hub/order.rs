@@ -16,15 +16,6 @@ const SMALL_FILE: u64 = 16 << 20;
 /// ([`FetchProgress::wanted_first`] is `None`).
 const WISH_WAIT: Duration = Duration::from_secs(3);
 
-/// A download slot being waited for.
-type SlotWait = std::pin::Pin<
-    Box<
-        dyn std::future::Future<
-                Output = Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError>,
-            > + Send,
-    >,
->;
-
 /// The blobs still waiting (indices into the fetch's order), as a stream of the next one to
 /// start together with the download slot it starts in. The stream first waits for a free slot
 /// and only then chooses, so a file the consumer wants first jumps the queue at the moment a
@@ -33,9 +24,8 @@ type SlotWait = std::pin::Pin<
 pub(super) struct Picks<'a> {
     waiting: std::collections::VecDeque<(usize, u64, &'a [String])>,
     progress: &'a dyn FetchProgress,
-    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    slots: tokio_util::sync::PollSemaphore,
     undecided_until: Instant,
-    slot_wait: Option<SlotWait>,
     slot: Option<tokio::sync::OwnedSemaphorePermit>,
     sleep: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
@@ -55,9 +45,8 @@ impl<'a> Picks<'a> {
                 .map(|(i, j)| (i, j.size, j.paths.as_slice()))
                 .collect(),
             progress,
-            slots,
+            slots: tokio_util::sync::PollSemaphore::new(slots),
             undecided_until: Instant::now() + WISH_WAIT,
-            slot_wait: None,
             slot: None,
             sleep: None,
         }
@@ -95,15 +84,9 @@ impl futures::Stream for Picks<'_> {
             return std::task::Poll::Ready(None);
         }
         if self.slot.is_none() {
-            let slots = std::sync::Arc::clone(&self.slots);
-            let wait = self
-                .slot_wait
-                .get_or_insert_with(|| Box::pin(slots.acquire_owned()));
-            let acquired = std::task::ready!(wait.as_mut().poll(cx));
-            self.slot_wait = None;
-            match acquired {
-                Ok(slot) => self.slot = Some(slot),
-                Err(_) => return std::task::Poll::Ready(None),
+            match std::task::ready!(self.slots.poll_acquire(cx)) {
+                Some(slot) => self.slot = Some(slot),
+                None => return std::task::Poll::Ready(None),
             }
         }
         loop {

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+use spark_deploy_core::bench::Stat;
 use spark_deploy_core::ports::exec::Exec;
 use spark_deploy_core::transfer::{expand, pull, server::FileServer};
 use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
@@ -247,18 +248,8 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         );
     }
     let median = |way: Way| {
-        let mut v: Vec<f64> = times
-            .iter()
-            .filter(|(w, _)| *w == way)
-            .map(|(_, s)| *s)
-            .collect();
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
+        let of_way = times.iter().filter(|(w, _)| *w == way).map(|(_, s)| *s);
+        Stat::of(of_way.collect()).median
     };
     let (ours, rsync, cp) = (median(Way::Ours), median(Way::Rsync), median(Way::Cp));
     let stats = stats.ok_or("no round ran")?;
