@@ -4,6 +4,11 @@
 //! (`SO_LINGER` 0: bytes still in the socket buffers are discarded, not delivered), so no pull
 //! outlives the run that started it: the worker's `curl` fails immediately and its partial file
 //! stays for the next run to resume.
+//!
+//! A whole allowed file is sent by the kernel ([`send_file`]); files still being written, and
+//! everything else, go through the router.
+
+mod send_file;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -82,8 +87,16 @@ impl FileServer {
             .route("/g/{id}", axum::routing::get(follow))
             .with_state(Arc::clone(&shared));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (routed, conns) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(accept(
+            listener,
+            Arc::clone(&shared),
+            stopped.clone(),
+            routed,
+        ));
         let listener = StoppableListener {
-            inner: listener,
+            conns,
+            addr,
             stopped,
         };
         tokio::spawn(async move {
@@ -233,9 +246,17 @@ const READ_CHUNK: usize = 1 << 20;
 
 /// Whether `req` carries the server's token.
 fn authorised(s: &Shared, req: &Request<Body>) -> bool {
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
+    token_matches(
+        s,
+        req.headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    )
+}
+
+/// Whether an `Authorization` header's value is the server's bearer token.
+fn token_matches(s: &Shared, authorization: Option<&str>) -> bool {
+    authorization
         .and_then(|v| v.strip_prefix("Bearer "))
         .is_some_and(|t| t == s.token.expose())
 }
@@ -405,9 +426,46 @@ fn range_start(headers: &axum::http::HeaderMap) -> u64 {
         .unwrap_or(0)
 }
 
-/// The listener of a [`FileServer`]: its connections reset once `stopped` is `true`.
+/// Accepts the server's connections until the router is gone: one whose first request is for a
+/// whole allowed file is answered by [`send_file`], every other one goes to the router.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+    routed: tokio::sync::mpsc::Sender<(tokio::net::TcpStream, SocketAddr)>,
+) {
+    loop {
+        let (stream, addr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                // Out of file descriptors and the like: wait instead of spinning.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = routed.closed() => return,
+        };
+        let (shared, mut stopped, routed) = (Arc::clone(&shared), stopped.clone(), routed.clone());
+        tokio::spawn(async move {
+            let is_file = tokio::select! {
+                f = send_file::is_file_request(&stream) => f,
+                _ = stopped.wait_for(|s| *s) => return,
+            };
+            if is_file {
+                send_file::respond(stream, shared, stopped).await;
+            } else {
+                let _ = routed.send((stream, addr)).await;
+            }
+        });
+    }
+}
+
+/// The router's listener: the connections [`accept`] passes on; they reset once `stopped` is
+/// `true`.
 struct StoppableListener {
-    inner: tokio::net::TcpListener,
+    conns: tokio::sync::mpsc::Receiver<(tokio::net::TcpStream, SocketAddr)>,
+    addr: SocketAddr,
     stopped: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -416,32 +474,27 @@ impl axum::serve::Listener for StoppableListener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.inner.accept().await {
-                Ok((stream, addr)) => {
-                    let mut rx = self.stopped.clone();
-                    let stopped = Box::pin(async move {
-                        // A dropped sender means the server is gone: stop as well.
-                        let _ = rx.wait_for(|s| *s).await;
-                    });
-                    let is_stopped = false;
-                    return (
-                        StoppableStream {
-                            stream,
-                            stopped,
-                            is_stopped,
-                        },
-                        addr,
-                    );
-                }
-                // Out of file descriptors and the like: wait instead of spinning.
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
-            }
-        }
+        let Some((stream, addr)) = self.conns.recv().await else {
+            // The accepting task is gone only with the server: nothing more comes.
+            return std::future::pending().await;
+        };
+        let mut rx = self.stopped.clone();
+        let stopped = Box::pin(async move {
+            // A dropped sender means the server is gone: stop as well.
+            let _ = rx.wait_for(|s| *s).await;
+        });
+        (
+            StoppableStream {
+                stream,
+                stopped,
+                is_stopped: false,
+            },
+            addr,
+        )
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.inner.local_addr()
+        Ok(self.addr)
     }
 }
 
