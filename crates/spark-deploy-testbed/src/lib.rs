@@ -12,3 +12,4 @@ pub mod poller;
 pub mod reuse;
 pub mod ssh_agent;
 pub mod standin;
+pub mod usage;

@@ -36,7 +36,8 @@ pub struct HubConfig {
     pub cache_dir: PathBuf,
     /// Access token; see [`HfToken::from_env`].
     pub token: Option<HfToken>,
-    /// Files transferred at once.
+    /// Files transferred at once (download slots). A file in its last 250 ms, at its rate so
+    /// far, has already given its slot to the next one, whose request and first byte overlap it.
     pub max_streams: usize,
     /// A transfer that delivers no byte for this long is abandoned and retried.
     pub stall_timeout: Duration,

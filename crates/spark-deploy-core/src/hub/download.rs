@@ -336,6 +336,8 @@ impl Hub {
         let mut out = tokio::io::BufWriter::with_capacity(256 << 10, f);
         let mut stream = resp.bytes_stream();
         let mut got = 0u64;
+        let mut slot = Some(slot);
+        let first_byte_wait = Instant::now();
         let mut last_event = Instant::now();
         let mut was_cancelled = false;
         let result = loop {
@@ -362,6 +364,11 @@ impl Hub {
                         h.update(&chunk);
                     }
                     got += n;
+                    if slot.is_some()
+                        && hands_over(size - (have + got), got, first_byte_wait.elapsed())
+                    {
+                        slot = None;
+                    }
                     tally.done.fetch_add(n, Ordering::Relaxed);
                     tally.transferred.fetch_add(n, Ordering::Relaxed);
                     if last_event.elapsed() >= Duration::from_millis(100) {
@@ -371,7 +378,8 @@ impl Hub {
                 }
             }
         };
-        // The link is free for the next transfer while this file reaches the disk.
+        // The link is free for the next transfer while this file reaches the disk (if its tail
+        // has not handed the slot over already).
         drop(slot);
         out.flush()
             .await
@@ -391,6 +399,18 @@ impl Hub {
             Some(reason) => failed(reason, got > 0),
         }
     }
+}
+
+/// How long before its last byte a transfer gives its download slot to the next file.
+const HANDOVER: Duration = Duration::from_millis(250);
+
+/// Whether a transfer with `left` bytes to go, which moved `got` bytes in `elapsed`, would end
+/// within [`HANDOVER`] at that rate: its slot then goes to the next file, whose request, redirect
+/// and first byte take their round trips while this tail arrives. Without it, files of one size
+/// that share the link end together and every slot waits for its next first byte at once, the
+/// link idle meanwhile.
+fn hands_over(left: u64, got: u64, elapsed: Duration) -> bool {
+    got > 0 && u128::from(left) * elapsed.as_nanos() <= u128::from(got) * HANDOVER.as_nanos()
 }
 
 async fn truncate(path: &Path, len: u64) -> std::io::Result<()> {
@@ -449,4 +469,21 @@ async fn verify_blocking(path: &Path, file: &str, exp: &Expected) -> Result<(), 
                 source: std::io::Error::other(e),
             })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slot goes to the next file once the rest would take 250 ms or less at the rate so far:
+    /// 10 MB in 1 s with 2.5 MB to go (0.25 s) hands over, with 2.6 MB not yet; a transfer that
+    /// moved nothing never does.
+    #[test]
+    fn a_tail_within_250_ms_hands_its_slot_over() {
+        let s = Duration::from_secs(1);
+        assert!(hands_over(2_500_000, 10_000_000, s));
+        assert!(!hands_over(2_600_000, 10_000_000, s));
+        assert!(hands_over(0, 1, s));
+        assert!(!hands_over(1, 0, s));
+    }
 }

@@ -215,8 +215,9 @@ impl FetchReport {
 }
 
 pub(super) struct Tally<'a> {
-    /// The download slots on the link: a transfer holds one from its request to its last byte,
-    /// not while its file is synced, verified and linked (the next transfer has the link then).
+    /// The download slots on the link: a transfer holds one from its request until 250 ms before
+    /// its last byte at its rate so far (the next file's request and first byte overlap that
+    /// tail), not while its file is synced, verified and linked.
     pub(super) slots: std::sync::Arc<tokio::sync::Semaphore>,
     pub(super) total: u64,
     pub(super) done: AtomicU64,

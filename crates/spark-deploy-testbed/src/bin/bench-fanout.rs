@@ -32,6 +32,7 @@ use spark_deploy_core::ports::exec::Exec;
 use spark_deploy_core::transfer::{FileJob, expand, fan_out, pull};
 use spark_deploy_testbed::cluster::{self, TestbedInfo, TestbedOptions};
 use spark_deploy_testbed::reuse::{self, Origin};
+use spark_deploy_testbed::usage::{Usage, load_average, worker_cgroups};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -46,125 +47,6 @@ fn env_mib(key: &str, default: u64) -> u64 {
 
 fn sync_fs() {
     let _ = Command::new("sync").status();
-}
-
-/// The load average (1, 5, 15 minutes) as `/proc/loadavg` gives it.
-fn load_average() -> String {
-    fs_err::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_owned())
-}
-
-/// What the machine did: CPU seconds (busy, iowait; all cores) and bytes written to one disk.
-#[derive(Clone, Copy, Default)]
-struct Usage {
-    busy: f64,
-    iowait: f64,
-    /// This process (the head: file servers, hashing, SSH sessions' I/O).
-    head: f64,
-    /// The testbed's worker containers (the receivers, sshd): their cgroups.
-    workers: Option<f64>,
-    written: u64,
-}
-
-impl Usage {
-    /// Now, for the block device holding `dir` and the containers whose cgroups are `cgroups`.
-    fn now(dir: &Path, cgroups: &[PathBuf]) -> Self {
-        let ticks = 100.0; // USER_HZ
-        let cpu: Vec<f64> = fs_err::read_to_string("/proc/stat")
-            .ok()
-            .and_then(|s| s.lines().next().map(str::to_owned))
-            .map(|l| {
-                l.split_whitespace()
-                    .skip(1)
-                    .filter_map(|v| v.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let field = |i: usize| cpu.get(i).copied().unwrap_or(0.0) / ticks;
-        // user nice system idle iowait irq softirq steal
-        let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
-        // The block device of `dir` (its `stat`'s 7th field: sectors written).
-        let sectors: u64 = fs_err::metadata(dir)
-            .ok()
-            .map(|m| std::os::unix::fs::MetadataExt::dev(&m))
-            .and_then(|dev| {
-                let (major, minor) = ((dev >> 8) & 0xfff, (dev & 0xff) | ((dev >> 12) & !0xff));
-                fs_err::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()
-            })
-            .and_then(|s| s.split_whitespace().nth(6).and_then(|v| v.parse().ok()))
-            .unwrap_or(0);
-        // utime and stime (fields 14 and 15; the name in field 2 has no spaces here).
-        let head = fs_err::read_to_string("/proc/self/stat")
-            .ok()
-            .map(|s| {
-                let v: Vec<&str> = s.split_whitespace().collect();
-                let f = |i: usize| v.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-                (f(13) + f(14)) / ticks
-            })
-            .unwrap_or(0.0);
-        let workers = cgroups
-            .iter()
-            .map(|c| {
-                fs_err::read_to_string(c.join("cpuacct.usage"))
-                    .ok()
-                    .and_then(|s| s.trim().parse::<f64>().ok())
-                    .map(|ns| ns / 1e9)
-            })
-            .sum::<Option<f64>>()
-            .filter(|_| !cgroups.is_empty());
-        Self {
-            busy,
-            iowait: field(4),
-            head,
-            workers,
-            written: sectors * 512,
-        }
-    }
-
-    fn since(self, before: Self) -> Self {
-        Self {
-            busy: self.busy - before.busy,
-            iowait: self.iowait - before.iowait,
-            head: self.head - before.head,
-            workers: self.workers.zip(before.workers).map(|(a, b)| a - b),
-            written: self.written.saturating_sub(before.written),
-        }
-    }
-
-    fn show(&self) -> String {
-        format!(
-            "CPU: machine busy {:.2} s + iowait {:.2} s, of which head {:.2} s, worker containers {}; {:.0} MiB written to disk",
-            self.busy,
-            self.iowait,
-            self.head,
-            self.workers
-                .map_or_else(|| "n/a".to_owned(), |w| format!("{w:.2} s")),
-            self.written as f64 / MIB as f64
-        )
-    }
-}
-
-/// The CPU-accounting cgroups of the testbed's worker containers (cgroup v1, as Docker makes
-/// them here); none when they cannot be found.
-fn worker_cgroups(info: &TestbedInfo) -> &'static [PathBuf] {
-    static FOUND: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
-    FOUND.get_or_init(|| find_worker_cgroups(info))
-}
-
-fn find_worker_cgroups(info: &TestbedInfo) -> Vec<PathBuf> {
-    info.workers
-        .iter()
-        .filter_map(|w| {
-            let out = Command::new("docker")
-                .args(["inspect", "-f", "{{.Id}}", &w.container])
-                .output()
-                .ok()?;
-            let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            let dir = Path::new("/sys/fs/cgroup/cpuacct/docker").join(id);
-            (out.status.success() && dir.join("cpuacct.usage").exists()).then_some(dir)
-        })
-        .collect()
 }
 
 /// A file of `mib` MiB whose bytes differ by `seed` (no two files alike). Returns its sha256,

@@ -355,19 +355,30 @@ async fn bench(info: &TestbedInfo) -> R<()> {
     down(&v).await;
     empty_caches(&v, info);
     let ctx = Context::new(v.clone(), Arc::new(|_| {}));
+    hub.reset_link_idle();
     let t = Instant::now();
     Plan::from_steps(&v, vec![Step::FetchCheckpoint(FetchCheckpoint::new(&v))])
         .run(&ctx)
         .await
         .map_err(|e| format!("fetch: {e}"))?;
     let fetch = t.elapsed().as_secs_f64();
-    println!("(a) fetch alone           : {fetch:7.2} s");
+    let fetch_idle = hub.link_idle();
+    println!(
+        "(a) fetch alone           : {fetch:7.2} s  (link unused {:.2} s between its first and last byte)",
+        fetch_idle.as_secs_f64()
+    );
 
     // (b) `up` from empty caches, overlapped.
     peak_rss_reset();
+    hub.reset_link_idle();
     let (overlapped, events) = up(&config, info, &home, true).await?;
     let rss = peak_rss_mib();
-    println!("(b) up, overlapped        : {overlapped:7.2} s");
+    let up_idle = hub.link_idle();
+    let up_gaps = hub.link_gaps();
+    println!(
+        "(b) up, overlapped        : {overlapped:7.2} s  (link unused {:.2} s between its first and last byte)",
+        up_idle.as_secs_f64()
+    );
 
     // (c) for reference, one step after the other.
     if std::env::var("BENCH_SEQUENTIAL").as_deref() != Ok("0") {
@@ -410,6 +421,18 @@ async fn bench(info: &TestbedInfo) -> R<()> {
         copy_end - fetch_end,
         image_end - fetch_end,
         overlapped - fetch_end
+    );
+    println!(
+        "link unused during (b), stretches of 20 ms or more (ending at, seconds from the start of `up`): {}",
+        up_gaps
+            .iter()
+            .map(|(at, gap)| format!(
+                "{:.2} ({:.0} ms)",
+                at.as_secs_f64(),
+                gap.as_secs_f64() * 1e3
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let chart_path = std::env::var_os("BENCH_CHART").map_or_else(
         || PathBuf::from("target/bench-first-deploy.png"),

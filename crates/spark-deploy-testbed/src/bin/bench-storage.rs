@@ -10,6 +10,10 @@
 //! as the step does, from HF-cache blobs named by their sha256; rsync and cp copy the same bytes
 //! from the plain files. Needs root, Docker and `rsync`.
 //!
+//! Each copy also prints what the machine did meanwhile (CPU seconds busy and in iowait over all
+//! cores, of which this process, the head, and the worker's container; bytes written to the disk),
+//! to tell a copy bound by the cores from one bound by the disk.
+//!
 //! A testbed that is already up (a `spark-deploy demo` deployment, say) is reused and left up,
 //! with only the benchmark's own files removed; a testbed the benchmark brought up, it takes down.
 #![allow(clippy::print_stdout)]
@@ -25,6 +29,7 @@ use spark_deploy_core::transfer::{expand, pull, server::FileServer};
 use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
 use spark_deploy_testbed::reuse::{self, Origin};
+use spark_deploy_testbed::usage::{Usage, load_average, worker_cgroups};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -36,13 +41,6 @@ fn dir_bytes(p: &Path) -> u64 {
 
 fn sync_fs() {
     let _ = Command::new("sync").status();
-}
-
-/// The load average (1, 5, 15 minutes) as `/proc/loadavg` gives it.
-fn load_average() -> String {
-    fs_err::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -184,6 +182,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
             let dest = w.disk_dir.join(way.dir());
             let _ = fs_err::remove_dir_all(&dest);
             sync_fs();
+            let before = Usage::now(&w.disk_dir, worker_cgroups(info));
             let t = Instant::now();
             match way {
                 // 1. Ours: the head's file server on the fabric address, the worker pulls,
@@ -226,10 +225,12 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
             }
             sync_fs();
             let secs = t.elapsed().as_secs_f64();
+            let usage = Usage::now(&w.disk_dir, worker_cgroups(info)).since(before);
             println!(
-                "round {round}: {:<5} {secs:7.2} s  {:8.1} MiB/s",
+                "round {round}: {:<5} {secs:7.2} s  {:8.1} MiB/s  {}",
                 way.name(),
-                mib(secs)
+                mib(secs),
+                usage.show()
             );
             times.push((way, secs));
         }

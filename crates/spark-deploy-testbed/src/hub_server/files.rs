@@ -260,6 +260,12 @@ struct Pacing {
 pub(crate) struct Link {
     rate: f64,
     next_free: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Nanoseconds the link sat unused between its first byte and its last reservation: no
+    /// transfer had a chunk ready when it came free, nor within [`Link::SLACK`] of it.
+    idle_ns: std::sync::atomic::AtomicU64,
+    /// The unused stretches of at least [`Link::GAP`]: when each ended (from the last reset) and
+    /// how long it was.
+    gaps: std::sync::Mutex<(tokio::time::Instant, Vec<(Duration, Duration)>)>,
 }
 
 impl Link {
@@ -267,7 +273,48 @@ impl Link {
         Self {
             rate: rate.get() as f64,
             next_free: std::sync::Mutex::new(None),
+            idle_ns: std::sync::atomic::AtomicU64::new(0),
+            gaps: std::sync::Mutex::new((tokio::time::Instant::now(), Vec::new())),
         }
+    }
+
+    /// How far behind the link a chunk may start without the link losing that time: the data a
+    /// real sender keeps queued in its socket (20 ms of a 75 MB/s link is 1.5 MB; a server's send
+    /// buffer holds several). The hub runs in the benchmark's process, on the machine's cores:
+    /// without it, each of its wake-ups that a busy core delays by a few milliseconds is link time
+    /// lost that a Hub across the Internet, with its own cores, would not lose.
+    const SLACK: Duration = Duration::from_millis(20);
+
+    /// The shortest unused stretch [`Link::gaps`] lists.
+    const GAP: Duration = Duration::from_millis(20);
+
+    /// The unused stretches of at least [`Link::GAP`] since the last reset: when each ended,
+    /// from the reset, and how long it was.
+    pub(crate) fn gaps(&self) -> Vec<(Duration, Duration)> {
+        self.gaps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
+            .clone()
+    }
+
+    /// Starts counting afresh: the next byte is the link's first.
+    pub(crate) fn reset_idle(&self) {
+        *self
+            .next_free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        self.idle_ns.store(0, std::sync::atomic::Ordering::Relaxed);
+        *self
+            .gaps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            (tokio::time::Instant::now(), Vec::new());
+    }
+
+    /// How long the link has sat unused since its first byte (see [`Link::pass`]).
+    pub(crate) fn idle(&self) -> Duration {
+        Duration::from_nanos(self.idle_ns.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Bytes per chunk on this link: about 1/32 s of it, at most 128 KiB (a chunk is counted as
@@ -284,7 +331,25 @@ impl Link {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let now = tokio::time::Instant::now();
-            let start = next.map_or(now, |t| t.max(now));
+            if let Some(free) = *next {
+                let gap = now.saturating_duration_since(free + Self::SLACK);
+                if gap >= Self::GAP {
+                    let mut gaps = self
+                        .gaps
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let since = now.saturating_duration_since(gaps.0);
+                    gaps.1.push((since, gap));
+                }
+                let unused = u64::try_from(gap.as_nanos());
+                self.idle_ns.fetch_add(
+                    unused.unwrap_or(u64::MAX),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
+            // A transfer that comes back to the link up to `SLACK` late (the hub's own task woken
+            // late on a busy machine) sends as if it had queued its chunk in time.
+            let start = next.map_or(now, |t| t.max(now.checked_sub(Self::SLACK).unwrap_or(now)));
             *next = Some(start + Duration::from_secs_f64(n as f64 / self.rate));
             start
         };

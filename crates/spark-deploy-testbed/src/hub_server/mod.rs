@@ -187,6 +187,32 @@ impl HubServer {
         format!("http://{}", self.addr)
     }
 
+    /// How long the link ([`HubOptions::link_rate`]) has sat unused since its first byte: the
+    /// time no transfer had its next chunk ready when the link came free (a download that cannot
+    /// keep the link busy). Zero without a link rate.
+    #[must_use]
+    pub fn link_idle(&self) -> Duration {
+        self.state
+            .link
+            .as_ref()
+            .map_or(Duration::ZERO, |l| l.idle())
+    }
+
+    /// The link's unused stretches of 20 ms or more since [`Self::reset_link_idle`]: when each
+    /// ended (from the reset) and how long it was.
+    #[must_use]
+    pub fn link_gaps(&self) -> Vec<(Duration, Duration)> {
+        self.state.link.as_ref().map_or_else(Vec::new, |l| l.gaps())
+    }
+
+    /// Restarts [`Self::link_idle`]'s count: the link's next byte is its first (call while no
+    /// transfer runs).
+    pub fn reset_link_idle(&self) {
+        if let Some(l) = &self.state.link {
+            l.reset_idle();
+        }
+    }
+
     /// The bound address.
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
