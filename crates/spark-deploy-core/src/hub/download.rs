@@ -408,9 +408,14 @@ const HANDOVER: Duration = Duration::from_millis(250);
 /// within [`HANDOVER`] at that rate: its slot then goes to the next file, whose request, redirect
 /// and first byte take their round trips while this tail arrives. Without it, files of one size
 /// that share the link end together and every slot waits for its next first byte at once, the
-/// link idle meanwhile.
+/// link idle meanwhile. The rate counts only once the transfer has run for [`HANDOVER`]: the
+/// first bytes arrive with the response, at no measurable rate, and a file that ends sooner keeps
+/// its slot to the end (otherwise every file would give its slot away at its first chunk, and
+/// twice as many would share the link).
 fn hands_over(left: u64, got: u64, elapsed: Duration) -> bool {
-    got > 0 && u128::from(left) * elapsed.as_nanos() <= u128::from(got) * HANDOVER.as_nanos()
+    elapsed >= HANDOVER
+        && got > 0
+        && u128::from(left) * elapsed.as_nanos() <= u128::from(got) * HANDOVER.as_nanos()
 }
 
 async fn truncate(path: &Path, len: u64) -> std::io::Result<()> {
@@ -477,7 +482,8 @@ mod tests {
 
     /// The slot goes to the next file once the rest would take 250 ms or less at the rate so far:
     /// 10 MB in 1 s with 2.5 MB to go (0.25 s) hands over, with 2.6 MB not yet; a transfer that
-    /// moved nothing never does.
+    /// moved nothing never does, nor one that has run less than 250 ms (its first chunk came
+    /// with the response: no rate yet).
     #[test]
     fn a_tail_within_250_ms_hands_its_slot_over() {
         let s = Duration::from_secs(1);
@@ -485,5 +491,7 @@ mod tests {
         assert!(!hands_over(2_600_000, 10_000_000, s));
         assert!(hands_over(0, 1, s));
         assert!(!hands_over(1, 0, s));
+        assert!(!hands_over(1_000_000, 131_072, Duration::from_micros(5)));
+        assert!(!hands_over(0, 131_072, Duration::from_millis(249)));
     }
 }
