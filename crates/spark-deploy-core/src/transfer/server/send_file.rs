@@ -26,6 +26,9 @@ const FILE_REQUEST: &[u8] = b"GET /f/";
 const MAX_HEAD: usize = 16 << 10;
 /// How long a connection may take to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection whose bytes are all queued is held for its client to read them and
+/// close (a receiver that moves nothing for 30 s gives up by itself).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes per `sendfile` call: the served-bytes counter ([`super::FileServer::positions`]) moves
 /// at this grain.
 const CHUNK: usize = 4 << 20;
@@ -92,7 +95,38 @@ pub(super) async fn respond(
     let sending = tokio::task::spawn_blocking(move || send(&sock, &file, start, len, &sent));
     tokio::select! {
         _ = sending => {}
-        _ = stopped.wait_for(|s| *s) => reset_std(&guard),
+        _ = stopped.wait_for(|s| *s) => return reset_std(&guard),
+    }
+    // Every byte is queued, but may still sit in the socket's buffer (a slow link holds a whole
+    // small file there). Closing now would have the kernel deliver it after the run that owns
+    // this pull ended; so the connection is held until the client has read everything and closed
+    // its end, and a stop meanwhile still resets it, discarding what has not arrived.
+    let Ok(conn) = guard
+        .set_nonblocking(true)
+        .and_then(|()| TcpStream::from_std(guard))
+    else {
+        return;
+    };
+    let mut rest = [0u8; 512];
+    let drained = async {
+        loop {
+            if conn.readable().await.is_err() {
+                return;
+            }
+            match conn.try_read(&mut rest) {
+                // The client closed its end: it has read everything.
+                Ok(0) => return,
+                // Anything else it sends is not asked for: ignored.
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    };
+    tokio::select! {
+        () = drained => {}
+        () = tokio::time::sleep(DRAIN_TIMEOUT) => {}
+        _ = stopped.wait_for(|s| *s) => reset(&conn),
     }
 }
 
