@@ -205,14 +205,8 @@ fn answer(shared: &Shared, head: &[u8]) -> Answer {
             len: size,
         };
     };
-    if start >= size {
-        return Answer::Refused(status_only(
-            "416 Range Not Satisfiable",
-            &format!("content-range: bytes */{size}\r\n"),
-        ));
-    }
-    let last = last.map_or(size - 1, |l| l.min(size - 1));
-    if last < start {
+    let last = last.map_or(size.saturating_sub(1), |l| l.min(size.saturating_sub(1)));
+    if start >= size || last < start {
         return Answer::Refused(status_only(
             "416 Range Not Satisfiable",
             &format!("content-range: bytes */{size}\r\n"),
@@ -265,7 +259,7 @@ fn send(
     Ok(())
 }
 
-/// Closing `stream` from here on resets it (`SO_LINGER` 0), and it is shut down now.
+/// Closing `stream` from here on resets it (`SO_LINGER` 0): bytes not yet delivered are dropped.
 fn reset(stream: &TcpStream) {
     let _ = stream.set_zero_linger();
 }
