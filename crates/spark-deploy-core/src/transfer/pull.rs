@@ -496,10 +496,12 @@ mod tests {
         let server = FileServer::start("127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
+        // Neither the partial's end nor the file's is on a 4 KiB boundary: the receiver reads the
+        // partial's last unaligned bytes back and writes its last bytes through the page cache.
         let big = d.path().join("big.bin");
-        std::fs::write(&big, pattern(40 << 20)).unwrap();
+        std::fs::write(&big, pattern((40 << 20) + 777)).unwrap();
         let dest = d.path().join("dst/big.bin");
-        resumes_and_refuses_a_damaged_partial(&path, &server, &big, &dest, 4 << 20).await;
+        resumes_and_refuses_a_damaged_partial(&path, &server, &big, &dest, (4 << 20) + 1234).await;
         let small = d.path().join("small.bin");
         std::fs::write(&small, pattern(3_000_000)).unwrap();
         let out = pull_with_path(&path, &server, &small, &d.path().join("dst/small.bin")).await;
@@ -509,6 +511,85 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// A stream that breaks off, at its end (the head closed) or by a stall past the limit:
+    /// `receive.py` writes the block it held before it exits, so the partial holds every byte
+    /// that arrived (no more), and it says why it stopped.
+    #[tokio::test]
+    async fn a_broken_stream_leaves_every_byte_that_arrived_in_the_partial() {
+        for stall in [false, true] {
+            let d = tempfile::tempdir().unwrap();
+            let data = pattern(20 << 20);
+            let (had, sent) = (3 * 4096 + 10, (9 << 20) + 333);
+            let partial = d.path().join("big.bin.partial");
+            std::fs::write(&partial, &data[..had]).unwrap();
+            let (out, req) =
+                receive_from_a_head_that_breaks_off(&partial, &data, had, sent, stall).await;
+            assert!(req.contains(&format!("bytes={had}-")), "{req}");
+            assert!(!out.status.success());
+            let err = String::from_utf8_lossy(&out.stderr);
+            let why = if stall {
+                "timed out".to_owned()
+            } else {
+                format!("ended after {sent} of {} bytes", data.len() - had)
+            };
+            assert!(err.contains(&why), "{err}");
+            let kept = std::fs::read(&partial).unwrap();
+            assert_eq!(kept.len(), had + sent, "stall {stall}: {err}");
+            assert!(
+                kept == data[..had + sent],
+                "the partial holds exactly what arrived"
+            );
+        }
+    }
+
+    /// Runs `receive.py` for `partial` (holding `data`'s first `had` bytes) against a head that
+    /// answers 206 for the rest, sends `sent` bytes of it, then closes or (`stall`) goes silent
+    /// past the receiver's 1 s limit. Returns the receiver's output and the request it sent.
+    async fn receive_from_a_head_that_breaks_off(
+        partial: &Path,
+        data: &[u8],
+        had: usize,
+        sent: usize,
+        stall: bool,
+    ) -> (std::process::Output, String) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let body = data[had..had + sent].to_vec();
+        let total = data.len() - had;
+        let head = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut req = vec![0u8; 4096];
+            let n = sock.read(&mut req).await.unwrap();
+            let req = String::from_utf8_lossy(&req[..n]).into_owned();
+            let reply = format!("HTTP/1.1 206 Partial Content\r\nContent-Length: {total}\r\n\r\n");
+            sock.write_all(reply.as_bytes()).await.unwrap();
+            sock.write_all(&body).await.unwrap();
+            if stall {
+                // Silent until the receiver gives up and closes.
+                let _ = sock.read(&mut [0u8; 1]).await;
+            }
+            req
+        });
+        let mut child = tokio::process::Command::new("python3")
+            .arg("-c")
+            .arg(include_str!("receive.py"))
+            .arg(format!("http://127.0.0.1:{port}/f/x"))
+            .arg(partial)
+            .arg(had.to_string())
+            .arg("1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"tok\n").await.unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().await.unwrap();
+        (out, head.await.unwrap())
     }
 
     /// Without `python3` the worker receives a large file with `curl | tee | openssl`: the same
