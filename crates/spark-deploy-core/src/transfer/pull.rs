@@ -524,8 +524,7 @@ mod tests {
             let (had, sent) = (3 * 4096 + 10, (9 << 20) + 333);
             let partial = d.path().join("big.bin.partial");
             std::fs::write(&partial, &data[..had]).unwrap();
-            let (out, req) =
-                receive_from_a_head_that_breaks_off(&partial, &data, had, sent, stall).await;
+            let (out, req) = receive_from_a_test_head("", &partial, &data, had, sent, stall).await;
             assert!(req.contains(&format!("bytes={had}-")), "{req}");
             assert!(!out.status.success());
             let err = String::from_utf8_lossy(&out.stderr);
@@ -544,10 +543,75 @@ mod tests {
         }
     }
 
-    /// Runs `receive.py` for `partial` (holding `data`'s first `had` bytes) against a head that
-    /// answers 206 for the rest, sends `sent` bytes of it, then closes or (`stall`) goes silent
-    /// past the receiver's 1 s limit. Returns the receiver's output and the request it sent.
-    async fn receive_from_a_head_that_breaks_off(
+    /// Python run ahead of `receive.py`: counts the writes made through a descriptor opened with
+    /// `O_DIRECT` and, with `refuse` set to `"open"` or `"write"`, answers `EINVAL` there, as a
+    /// file system without direct I/O does. The count goes to stderr at exit.
+    fn direct_io_prelude(refuse: &str) -> String {
+        format!(
+            r#"import atexit, os, sys
+_open, _pwrite, _direct, _count = os.open, os.pwrite, set(), [0]
+def _open_(path, flags, mode=0o777, **kw):
+    if flags & os.O_DIRECT and "{refuse}" == "open":
+        raise OSError(22, "Invalid argument")
+    fd = _open(path, flags, mode, **kw)
+    if flags & os.O_DIRECT:
+        _direct.add(fd)
+    return fd
+def _pwrite_(fd, data, at):
+    if fd in _direct:
+        if "{refuse}" == "write":
+            raise OSError(22, "Invalid argument")
+        _count[0] += 1
+    return _pwrite(fd, data, at)
+os.open, os.pwrite = _open_, _pwrite_
+atexit.register(lambda: sys.stderr.write("direct writes: %d\n" % _count[0]))
+"#
+        )
+    }
+
+    /// The receiver writes whole blocks with `O_DIRECT` where the file system takes it (this
+    /// machine's), and where it is refused, at open or at the first write, every byte goes
+    /// through the page cache instead: the same file and the same sum either way.
+    #[tokio::test]
+    async fn blocks_go_past_the_page_cache_and_a_refusal_of_o_direct_costs_nothing_but_that() {
+        for refuse in ["", "open", "write"] {
+            let d = tempfile::tempdir().unwrap();
+            let data = pattern((12 << 20) + 99);
+            let src = d.path().join("src.bin");
+            std::fs::write(&src, &data).unwrap();
+            let had = 5000;
+            let partial = d.path().join("big.bin.partial");
+            std::fs::write(&partial, &data[..had]).unwrap();
+            let prelude = direct_io_prelude(refuse);
+            let (out, _) =
+                receive_from_a_test_head(&prelude, &partial, &data, had, data.len() - had, false)
+                    .await;
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "refuse {refuse:?}: {err}");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                crate::digest::sha256_file(&src).unwrap(),
+                "refuse {refuse:?}"
+            );
+            assert!(
+                std::fs::read(&partial).unwrap() == data,
+                "refuse {refuse:?}"
+            );
+            let direct = if refuse.is_empty() {
+                "direct writes: 3"
+            } else {
+                "direct writes: 0"
+            };
+            assert!(err.contains(direct), "refuse {refuse:?}: {err}");
+        }
+    }
+
+    /// Runs `prelude` then `receive.py` for `partial` (holding `data`'s first `had` bytes)
+    /// against a test head that answers 206 for the rest, sends `sent` bytes of it, then closes
+    /// or (`stall`) goes silent past the receiver's 1 s limit. Returns the receiver's output and
+    /// the request it sent.
+    async fn receive_from_a_test_head(
+        prelude: &str,
         partial: &Path,
         data: &[u8],
         had: usize,
@@ -575,7 +639,7 @@ mod tests {
         });
         let mut child = tokio::process::Command::new("python3")
             .arg("-c")
-            .arg(include_str!("receive.py"))
+            .arg(format!("{prelude}{}", include_str!("receive.py")))
             .arg(format!("http://127.0.0.1:{port}/f/x"))
             .arg(partial)
             .arg(had.to_string())
