@@ -85,8 +85,8 @@ class Appender:
         if whole and self.direct is None:
             self.write(self.fd, self.view[:whole], self.base)
         self.write(self.fd, self.view[whole:self.fill], self.base + whole)
-        self.base += self.fill
-        self.fill = 0
+        # One assignment: a signal never finds the buffer moved on but still counted.
+        self.base, self.fill = self.base + self.fill, 0
 
     @staticmethod
     def write(fd, view, at):
