@@ -637,22 +637,15 @@ atexit.register(lambda: sys.stderr.write("direct writes: %d\n" % _count[0]))
             }
             req
         });
-        let mut child = tokio::process::Command::new("python3")
+        let receive = Cmd::new("python3")
             .arg("-c")
             .arg(format!("{prelude}{}", include_str!("receive.py")))
             .arg(format!("http://127.0.0.1:{port}/f/x"))
-            .arg(partial)
+            .arg(partial.display().to_string())
             .arg(had.to_string())
             .arg("1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"tok\n").await.unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().await.unwrap();
+            .stdin(b"tok\n".to_vec());
+        let out = Exec::local("worker").output(&receive).await.unwrap();
         (out, head.await.unwrap())
     }
 
