@@ -25,6 +25,9 @@ use tokio::io::AsyncWriteExt;
 use super::NodeTarget;
 use super::ssh::{SshError, SshSession};
 
+mod conversation;
+pub use conversation::{Conversation, Ended};
+
 /// How much of a failed command's stderr goes into an error message.
 const STDERR_TAIL: usize = 2000;
 
@@ -100,11 +103,12 @@ pub enum SpawnError {
     Ssh(#[from] openssh::Error),
 }
 
-/// One command argument, possibly secret.
+/// One command argument, possibly secret, possibly shown by a name instead of its value.
 #[derive(Clone, PartialEq, Eq)]
 struct Arg {
     value: String,
     secret: bool,
+    shown_as: Option<&'static str>,
 }
 
 /// A command to run on a node: a program, its arguments and optional stdin bytes.
@@ -139,6 +143,7 @@ impl Cmd {
         self.args.push(Arg {
             value: a.into(),
             secret: false,
+            shown_as: None,
         });
         self
     }
@@ -162,6 +167,19 @@ impl Cmd {
         self.args.push(Arg {
             value: a.into(),
             secret: true,
+            shown_as: None,
+        });
+        self
+    }
+
+    /// Appends an argument shown as `name` in errors and descriptions: a program's whole text
+    /// passed to an interpreter, say, which would bury the rest of the command line.
+    #[must_use]
+    pub fn named_arg(mut self, a: impl Into<String>, name: &'static str) -> Self {
+        self.args.push(Arg {
+            value: a.into(),
+            secret: false,
+            shown_as: Some(name),
         });
         self
     }
@@ -186,6 +204,8 @@ impl fmt::Display for Cmd {
         for a in &self.args {
             if a.secret {
                 f.write_str(" ***")?;
+            } else if let Some(name) = a.shown_as {
+                write!(f, " {name}")?;
             } else if a.value.is_empty()
                 || a.value
                     .contains(|c: char| c.is_whitespace() || c == '\'' || c == '"')
@@ -357,6 +377,16 @@ impl Exec {
                 }
             }
         }
+    }
+
+    /// Starts `cmd` for a conversation: the caller sends to its stdin and reads lines of its
+    /// stdout while it runs (`cmd`'s stdin bytes, if any, go first).
+    ///
+    /// # Errors
+    ///
+    /// [`ExecError::Spawn`] when the command cannot be started or its stdin taken.
+    pub async fn converse(&self, cmd: &Cmd) -> Result<Conversation<'_>, ExecError> {
+        Conversation::start(self, cmd).await
     }
 
     /// Runs `cmd` and checks that it exits with status 0.
@@ -535,10 +565,38 @@ mod tests {
         let c = Cmd::new("curl")
             .arg("-H")
             .secret_arg("Authorization: Bearer hf_abc")
-            .arg("a b");
+            .arg("a b")
+            .named_arg("import sys\nprint(sys.argv)\n", "<script.py>");
         let s = c.to_string();
-        assert_eq!(s, "curl -H *** \"a b\"");
+        assert_eq!(s, "curl -H *** \"a b\" <script.py>");
         assert!(!format!("{c:?}").contains("hf_abc"));
+    }
+
+    /// A conversation: the command's stdin bytes go first, each line sent is answered before
+    /// the next, and its end gives the status and everything it wrote to stderr.
+    #[tokio::test]
+    async fn a_conversation_answers_line_by_line_and_ends_with_its_status() {
+        let e = Exec::local("worker");
+        let script = r#"read -r first; echo "first $first"; while read -r l; do echo "got $l"; done; echo bye >&2; exit 4"#;
+        let mut c = e
+            .converse(&Cmd::shell(script).stdin(b"tok\n".to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(c.line().await.unwrap().as_deref(), Some("first tok"));
+        for n in 0..3 {
+            c.send(format!("{n}\n").as_bytes()).await.unwrap();
+            assert_eq!(c.line().await.unwrap(), Some(format!("got {n}")));
+        }
+        let ended = c.finish().await.unwrap();
+        assert_eq!(
+            (ended.status.code(), ended.stderr),
+            (Some(4), b"bye\n".to_vec())
+        );
+        // A command that exits at once: sending to it may fail, its stdout ends without a line.
+        let mut c = e.converse(&Cmd::shell("exit 3")).await.unwrap();
+        let _ = c.send(b"x\n").await;
+        assert_eq!(c.line().await.unwrap(), None);
+        assert_eq!(c.finish().await.unwrap().status.code(), Some(3));
     }
 
     #[tokio::test]

@@ -69,6 +69,7 @@ pub mod ownership;
 pub mod prefix;
 pub mod pull;
 pub mod server;
+mod session;
 
 use std::path::{Path, PathBuf};
 
@@ -168,9 +169,58 @@ mod tests {
     use super::*;
     use crate::ports::exec::Exec;
 
-    /// The whole mechanism on loopback with a local Exec (the testbed runs it across the fabric).
+    /// The whole mechanism on loopback with a local Exec (the testbed runs it across the fabric),
+    /// through one session per stream.
     #[tokio::test]
     async fn pulls_resumes_verifies_and_skips_what_is_up_to_date() {
+        the_whole_mechanism("python3").await;
+    }
+
+    /// A worker without the session's interpreter: every file goes by the pull script, with the
+    /// same resume, checks and records.
+    #[tokio::test]
+    async fn without_python3_each_file_goes_by_the_script_with_the_same_results() {
+        the_whole_mechanism("no-such-python3").await;
+    }
+
+    /// A session that ends without answering fails the transfer with the file it was given and
+    /// what the receiver said; nothing lands under the final name.
+    #[tokio::test]
+    async fn a_session_that_dies_fails_the_file_it_held() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("a.bin"), vec![7u8; 100_000]).unwrap();
+        let dst = d.path().join("dst");
+        let jobs = expand(&src, &dst).unwrap();
+        let server = server::FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let how = pull::Streams {
+            count: 2,
+            interpreter: "false",
+        };
+        let (manifest, cache) = (dst.join("m.tsv"), d.path().join("hashes.tsv"));
+        let err = pull::transfer_with(
+            &Exec::local("worker-test"),
+            &server,
+            &jobs,
+            &manifest,
+            &cache,
+            how,
+            &|_| {},
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("a.bin") && err.contains("the receiver on the worker ended"),
+            "{err}"
+        );
+        assert!(!dst.join("a.bin").exists());
+    }
+
+    async fn the_whole_mechanism(interpreter: &str) {
         let d = tempfile::tempdir().unwrap();
         let src = d.path().join("src");
         std::fs::create_dir_all(src.join("sub")).unwrap();
@@ -190,13 +240,17 @@ mod tests {
         let exec = Exec::local("worker-test");
         let manifest = dst.join(".spark-deploy-received.tsv");
         let cache = d.path().join("state/hashes.tsv");
+        let how = pull::Streams {
+            count: 2,
+            interpreter,
+        };
         let seen = std::sync::Mutex::new(Vec::new());
         let progress = |p: &pull::TransferProgress<'_>| {
             if p.file_done == p.file_total {
                 seen.lock().unwrap().push((p.done, p.total));
             }
         };
-        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+        let s = pull::transfer_with(&exec, &server, &jobs, &manifest, &cache, how, &progress)
             .await
             .unwrap();
         assert_eq!((s.files, s.sent, s.bytes_sent), (2, 2, 3_000_007));
@@ -207,13 +261,13 @@ mod tests {
             Some((3_000_007, 3_000_007))
         );
         // Up to date: nothing moves.
-        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+        let s = pull::transfer_with(&exec, &server, &jobs, &manifest, &cache, how, &progress)
             .await
             .unwrap();
         assert_eq!(s.sent, 0);
         // A changed destination is re-sent.
         std::fs::write(dst.join("sub/small.json"), b"{\"a\":2}").unwrap();
-        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+        let s = pull::transfer_with(&exec, &server, &jobs, &manifest, &cache, how, &progress)
             .await
             .unwrap();
         assert_eq!((s.sent, s.bytes_sent), (1, 7));
@@ -223,12 +277,12 @@ mod tests {
         let mut damaged = big[..1_500_000].to_vec();
         damaged[1234] ^= 0x40;
         std::fs::write(dst.join("big.bin.partial"), &damaged).unwrap();
-        let err = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+        let err = pull::transfer_with(&exec, &server, &jobs, &manifest, &cache, how, &progress)
             .await
             .unwrap_err();
         assert!(err.to_string().contains("sha256"), "{err}");
         assert!(!dst.join("big.bin").exists() && !dst.join("big.bin.partial").exists());
-        let s = pull::transfer(&exec, &server, &jobs, &manifest, &cache, 2, &progress)
+        let s = pull::transfer_with(&exec, &server, &jobs, &manifest, &cache, how, &progress)
             .await
             .unwrap();
         assert_eq!((s.sent, s.bytes_sent), (1, 3_000_000));

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use futures::StreamExt as _;
 
 use super::server::FileServer;
+use super::session::{Lane, Pulled, Queue};
 use super::{FileJob, TransferError};
 use crate::ports::exec::{Cmd, Exec};
 
@@ -207,6 +208,35 @@ pub async fn transfer(
     streams: usize,
     progress: &(dyn Fn(&TransferProgress<'_>) + Send + Sync),
 ) -> Result<TransferStats, TransferError> {
+    let how = Streams {
+        count: streams,
+        interpreter: "python3",
+    };
+    transfer_with(exec, server, jobs, manifest, hash_cache, how, progress).await
+}
+
+/// How a transfer's streams run: how many, and the interpreter of their sessions on the worker.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Streams<'s> {
+    /// Parallel pulls.
+    pub(super) count: usize,
+    /// The program that runs `receive.py --session` on the worker.
+    pub(super) interpreter: &'s str,
+}
+
+/// [`transfer`], with the sessions' interpreter named (a test names one the worker lacks).
+pub(super) async fn transfer_with(
+    exec: &Exec,
+    server: &FileServer,
+    jobs: &[FileJob],
+    manifest: &Path,
+    hash_cache: &Path,
+    Streams {
+        count: streams,
+        interpreter,
+    }: Streams<'_>,
+    progress: &(dyn Fn(&TransferProgress<'_>) + Send + Sync),
+) -> Result<TransferStats, TransferError> {
     let node = exec.node().to_owned();
     let pull_err = |file: &Path, detail: String| TransferError::Pull {
         node: node.clone(),
@@ -274,24 +304,16 @@ pub async fn transfer(
         .map(|(j, _)| server.allow(j.from.clone()))
         .collect();
     let token_line = format!("{}\n", server.token().expose());
-    let mut results = futures::stream::iter(todo.iter().zip(urls).map(|((j, sha), url)| {
-        let cmd = Cmd::shell(PULL)
-            .arg("sh")
-            .args([
-                url,
-                j.to.display().to_string(),
-                j.size.to_string(),
-                sha.clone(),
-                format!("{:o}", j.mode),
-                manifest.display().to_string(),
-                j.partial_sum
-                    .as_ref()
-                    .map_or_else(String::new, |s| format!("{}:{s}", j.size)),
-            ])
-            .stdin(token_line.clone().into_bytes());
-        async move { (j, sha, exec.output(&cmd).await) }
-    }))
-    .buffer_unordered(streams.max(1));
+    let manifest_path = manifest.display().to_string();
+    let queue = Queue::new(todo.iter().zip(urls).map(|((j, sha), url)| (*j, sha, url)));
+    let lanes = (0..streams.clamp(1, todo.len().max(1))).map(|_| {
+        let lane = Lane::new(exec, &queue, &token_line, &manifest_path, interpreter, PULL);
+        futures::stream::unfold(lane, |mut lane| async move {
+            lane.next().await.map(|item| (item, lane))
+        })
+        .boxed()
+    });
+    let mut results = futures::stream::select_all(lanes);
     let mut done = 0u64;
     let by_source: HashMap<&Path, &FileJob> =
         todo.iter().map(|(j, _)| (j.from.as_path(), *j)).collect();
@@ -323,21 +345,13 @@ pub async fn transfer(
                 continue;
             }
         };
-        let Some((j, sha, out)) = next else { break };
-        let out = out.map_err(|e| pull_err(&j.to, e.to_string()))?;
-        if !out.status.success() {
-            return Err(pull_err(
-                &j.to,
-                format!(
-                    "{}: {}",
-                    out.status
-                        .code()
-                        .map_or_else(|| "killed by a signal".to_owned(), |c| format!("exit {c}")),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            ));
-        }
-        let mtime = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let Some(((j, sha, _), out)) = next else {
+            break;
+        };
+        let mtime = match out.map_err(|e| pull_err(&j.to, e.to_string()))? {
+            Pulled::Landed(mtime) => mtime,
+            Pulled::Failed(detail) => return Err(pull_err(&j.to, detail)),
+        };
         entries.insert(j.to.display().to_string(), (j.size, mtime, sha.clone()));
         done += j.size;
         stats.sent += 1;

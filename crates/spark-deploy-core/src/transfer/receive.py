@@ -1,4 +1,4 @@
-# The receiver on a worker: appends the rest of a served file to its partial and prints the
+# The receiver on a worker: appends the rest of a served file to its partial and takes the
 # sha256 of the whole partial, in one pass (the start of the partial is read once, ahead of the
 # stream; then each block that arrives is hashed where it landed and written from there: no
 # pipe, no second read).
@@ -9,14 +9,22 @@
 # - whole 4 MiB blocks are written with O_DIRECT where the file system takes it: the copy
 #   into the page cache was the largest cost on the worker after the hash, and the engine, not
 #   the copy, should decide what the memory of the worker holds. Where O_DIRECT is refused, and for the
-#   last unaligned bytes, the writes go through the page cache.
+#   last unaligned bytes, the writes go through the page cache;
+# - one process serves a whole stream of files (--session): a start of Python, a shell and its
+#   tools and an SSH channel per file cost about 70 ms of CPU each.
 #
-# argv: url, partial, bytes the partial holds, stall limit in seconds (0: none). The token is the
-# first line of stdin. Exits non-zero with one line on stderr when the stream fails or ends
-# short; what arrived stays in the partial (a block held in memory is written first), for the
-# next attempt to resume.
+# Two ways to run it:
+# - argv: url, partial, bytes the partial holds, stall limit in seconds (0: none); the token is
+#   the first line of stdin. Prints the sum. Exits non-zero with one line on stderr when the
+#   stream fails or ends short.
+# - argv: --session, stall limit. stdin: the token, then one JSON object per line, each a file
+#   to pull (url, dest, size, sha256, mode, manifest, claim), taken one at a time; for each, one
+#   JSON line on stdout, {"code": 0, "text": <mtime>} when it landed, else the code and why
+#   (pull.rs: the codes are the exit codes of the pull script).
+# Either way what arrived stays in the partial (a block held in memory is written first), for
+# the next attempt to resume.
 #
-# Run by the transfer scripts as `python3 -c`, inside single quotes: no single quote here
+# Run as `python3 -c`, by the transfer scripts inside single quotes: no single quote here
 # (checked when the core compiles).
 import hashlib
 import http.client
@@ -24,6 +32,7 @@ import mmap
 import os
 import signal
 import sys
+import time
 import urllib.parse
 
 ALIGN = 4096
@@ -66,6 +75,11 @@ class Appender:
         except (OSError, AttributeError):
             self.direct = None
 
+    def close(self):
+        os.close(self.fd)
+        if self.direct is not None:
+            os.close(self.direct)
+
     def space(self):
         return self.view[self.fill:]
 
@@ -97,38 +111,142 @@ class Appender:
 
 
 def hang_up(signum, frame):
-    sys.exit("receiving %s: stopped by signal %d" % (sys.argv[1], signum))
+    what = "a stream of files" if sys.argv[1] == "--session" else sys.argv[1]
+    sys.exit("receiving %s: stopped by signal %d" % (what, signum))
 
 
-def main():
-    url, part, have, stall = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    token = sys.stdin.readline().strip()
+def receive(url, part, have, stall, token):
+    """Appends the rest of url past the have bytes of part; returns the sha256 of the whole
+    partial. Raises OSError, ValueError or HTTPException when the stream fails or ends short."""
     digest = hashlib.sha256()
     out = Appender(part, have, digest)
     u = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=stall or None)
     conn.response_class = lambda sock, **kw: http.client.HTTPResponse(Unbuffered(sock), **kw)
-    conn.request("GET", u.path, headers={
-        "Authorization": "Bearer " + token, "Range": "bytes=%d-" % have})
-    resp = conn.getresponse()
-    if resp.status != 206 and not (resp.status == 200 and have == 0):
-        raise OSError("the head answered HTTP %d" % resp.status)
-    expected = resp.length
-    got = 0
     try:
-        while True:
-            space = out.space()
-            n = resp.readinto(space)
-            if not n:
-                break
-            digest.update(space[:n])
-            out.took(n)
-            got += n
+        conn.request("GET", u.path, headers={
+            "Authorization": "Bearer " + token, "Range": "bytes=%d-" % have})
+        resp = conn.getresponse()
+        if resp.status != 206 and not (resp.status == 200 and have == 0):
+            raise OSError("the head answered HTTP %d" % resp.status)
+        expected = resp.length
+        got = 0
+        try:
+            while True:
+                space = out.space()
+                n = resp.readinto(space)
+                if not n:
+                    break
+                digest.update(space[:n])
+                out.took(n)
+                got += n
+        finally:
+            out.flush()
     finally:
-        out.flush()
+        out.close()
+        conn.close()
     if expected is not None and got != expected:
         raise OSError("the stream ended after %d of %d bytes" % (got, expected))
-    print(digest.hexdigest())
+    return digest.hexdigest()
+
+
+def failure(url, e):
+    return "receiving %s: %s" % (url, str(e) or type(e).__name__)
+
+
+def size_of(path):
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def sum_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(BLOCK)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)
+
+
+def pull(job, token, stall):
+    """One file of a session, as the pull script does it (pull.rs): resume the partial, up to 4
+    attempts while each moves bytes, check size and sum, set the mode, rename, record the file in
+    the manifest. Returns (0, mtime) or (exit code, why)."""
+    url, dest, size, sha = job["url"], job["dest"], job["size"], job["sha256"]
+    manifest, part = job["manifest"], job["dest"] + ".partial"
+    for d in (os.path.dirname(dest), os.path.dirname(manifest)):
+        try:
+            os.makedirs(d or ".", exist_ok=True)
+        except OSError as e:
+            return 10, "cannot create %s: %s" % (d, e)
+    have = size_of(part)
+    if have > size:
+        os.unlink(part)
+        have = 0
+    total = None
+    claim_size, _, claim_sum = (job.get("claim") or "").partition(":")
+    if claim_sum and have == size and claim_size == str(have):
+        if claim_sum == sha:
+            total = sha
+        else:
+            os.unlink(part)
+            have = 0
+    tries = 0
+    while have < size:
+        tries += 1
+        try:
+            total = receive(url, part, have, stall, token)
+            break
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            why = failure(url, e)
+        before, have, total = have, size_of(part), None
+        if have <= before or tries >= 4:
+            return 11, why
+        time.sleep(1)
+    if not os.path.exists(part):
+        open(part, "ab").close()
+    got = size_of(part)
+    if got != size:
+        return 12, "size %d, expected %d" % (got, size)
+    if total is None:
+        total = sum_of(part)
+    if total != sha:
+        os.unlink(part)
+        return 13, "sha256 %s, expected %s (partial removed)" % (total, sha)
+    try:
+        os.chmod(part, int(job["mode"], 8))
+        os.replace(part, dest)
+        mtime = "%d.%09d" % divmod(os.stat(dest).st_mtime_ns, 10**9)
+        with open(manifest, "a") as m:
+            m.write("%s\t%d\t%s\t%s\n" % (dest, size, mtime, sha))
+    except OSError as e:
+        return 14, str(e)
+    return 0, mtime
+
+
+def session(stall):
+    import json
+    token = sys.stdin.readline().strip()
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            code, text = pull(job, token, stall)
+        except OSError as e:
+            code, text = 15, "%s: %s" % (job.get("dest"), e)
+        sys.stdout.write(json.dumps({"code": code, "text": text}) + "\n")
+        sys.stdout.flush()
+
+
+def main():
+    if sys.argv[1] == "--session":
+        session(int(sys.argv[2]))
+        return
+    url, part, have, stall = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    token = sys.stdin.readline().strip()
+    print(receive(url, part, have, stall, token))
 
 
 signal.signal(signal.SIGHUP, hang_up)
@@ -136,4 +254,4 @@ signal.signal(signal.SIGTERM, hang_up)
 try:
     main()
 except (OSError, ValueError, http.client.HTTPException) as e:
-    sys.exit("receiving %s: %s" % (sys.argv[1] if len(sys.argv) > 1 else "?", str(e) or type(e).__name__))
+    sys.exit(failure(sys.argv[1] if len(sys.argv) > 1 else "?", e))
