@@ -446,6 +446,9 @@ async fn accept(
             },
             () = routed.closed() => return,
         };
+        // The response's head, then the body: without this, the body's last short segment can
+        // wait for the worker's delayed ACK (tens of ms per file; it shows on small files).
+        let _ = stream.set_nodelay(true);
         let (shared, mut stopped, routed) = (Arc::clone(&shared), stopped.clone(), routed.clone());
         tokio::spawn(async move {
             let is_file = tokio::select! {

@@ -122,7 +122,7 @@ impl<'a> Lane<'a> {
         }
         if let Receiver::Session(s) = &mut self.receiver {
             // A session that exited (or never started its interpreter) refuses the request or
-            // closes its stdout without answering: how it ended says which.
+            // closes its stdout without answering.
             let answer = match s.send(job_line(pull, self.manifest).as_bytes()).await {
                 Ok(()) => s.line().await?,
                 Err(_) => None,
@@ -130,10 +130,10 @@ impl<'a> Lane<'a> {
             if let Some(answer) = answer {
                 return Ok(parse_answer(&answer));
             }
-            let Receiver::Session(s) = std::mem::replace(&mut self.receiver, Receiver::Script)
-            else {
-                unreachable!("matched just above")
-            };
+        }
+        // How the session ended says whether the worker has no interpreter (the pull script
+        // then takes this file and the lane's next ones) or the receiver failed.
+        if let Receiver::Session(s) = std::mem::replace(&mut self.receiver, Receiver::Script) {
             let ended = s.finish().await?;
             if ended.status.code() != Some(NO_INTERPRETER) {
                 return Ok(Pulled::Failed(format!(
