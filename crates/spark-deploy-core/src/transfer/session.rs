@@ -60,7 +60,7 @@ enum Receiver<'a> {
     /// Not started yet.
     Unstarted,
     /// The session on the worker.
-    Session(Conversation<'a>),
+    Session(Box<Conversation<'a>>),
     /// The pull script, one run per file (the worker has no interpreter).
     Script,
 }
@@ -118,7 +118,7 @@ impl<'a> Lane<'a> {
                 .named_arg(include_str!("receive.py"), "<receive.py>")
                 .arg(STALL_SECS.to_string())
                 .stdin(self.token_line.as_bytes().to_vec());
-            self.receiver = Receiver::Session(self.exec.converse(&start).await?);
+            self.receiver = Receiver::Session(Box::new(self.exec.converse(&start).await?));
         }
         if let Receiver::Session(s) = &mut self.receiver {
             // A session that exited (or never started its interpreter) refuses the request or
