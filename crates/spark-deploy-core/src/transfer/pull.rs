@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use futures::StreamExt as _;
 
 use super::server::FileServer;
-use super::session::{Lane, Pulled, Queue};
+use super::session::{Lane, Pulled, Queue, Shared};
 use super::{FileJob, TransferError};
 use crate::ports::exec::{Cmd, Exec};
 
@@ -303,12 +303,16 @@ pub(super) async fn transfer_with(
         .iter()
         .map(|(j, _)| server.allow(j.from.clone()))
         .collect();
-    let token_line = format!("{}\n", server.token().expose());
-    let manifest_path = manifest.display().to_string();
-    let queue = Queue::new(todo.iter().zip(urls).map(|((j, sha), url)| (*j, sha, url)));
+    let shared = Shared {
+        exec,
+        queue: Queue::new(todo.iter().zip(urls).map(|((j, sha), url)| (*j, sha, url))),
+        token_line: format!("{}\n", server.token().expose()),
+        manifest: manifest.display().to_string(),
+        interpreter,
+        script: PULL,
+    };
     let lanes = (0..streams.clamp(1, todo.len().max(1))).map(|_| {
-        let lane = Lane::new(exec, &queue, &token_line, &manifest_path, interpreter, PULL);
-        futures::stream::unfold(lane, |mut lane| async move {
+        futures::stream::unfold(Lane::new(&shared), |mut lane| async move {
             lane.next().await.map(|item| (item, lane))
         })
         .boxed()

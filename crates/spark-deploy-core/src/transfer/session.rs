@@ -65,42 +65,40 @@ enum Receiver<'a> {
     Script,
 }
 
+/// What every lane of one transfer shares.
+pub(super) struct Shared<'a> {
+    /// The worker.
+    pub(super) exec: &'a Exec,
+    /// The files still to pull.
+    pub(super) queue: Queue<'a>,
+    /// The server's token and a newline: the first line every receiver reads.
+    pub(super) token_line: String,
+    /// The worker's manifest.
+    pub(super) manifest: String,
+    /// The program that runs the session.
+    pub(super) interpreter: &'a str,
+    /// The pull script, for each file where the worker has no interpreter.
+    pub(super) script: &'static str,
+}
+
 /// One stream of a transfer.
 pub(super) struct Lane<'a> {
-    exec: &'a Exec,
-    queue: &'a Queue<'a>,
-    token_line: &'a str,
-    manifest: &'a str,
-    interpreter: &'a str,
-    script: &'static str,
+    shared: &'a Shared<'a>,
     receiver: Receiver<'a>,
 }
 
 impl<'a> Lane<'a> {
-    /// A lane taking files from `queue` for the worker behind `exec`: `interpreter` runs the
-    /// session, `script` (the pull script) each file where there is no interpreter.
-    pub(super) fn new(
-        exec: &'a Exec,
-        queue: &'a Queue<'a>,
-        token_line: &'a str,
-        manifest: &'a str,
-        interpreter: &'a str,
-        script: &'static str,
-    ) -> Self {
+    /// A lane taking files from `shared`'s queue; its session starts with its first file.
+    pub(super) fn new(shared: &'a Shared<'a>) -> Self {
         Self {
-            exec,
-            queue,
-            token_line,
-            manifest,
-            interpreter,
-            script,
+            shared,
             receiver: Receiver::Unstarted,
         }
     }
 
     /// Pulls the queue's next file; `None` when the queue is empty (the session is then ended).
     pub(super) async fn next(&mut self) -> Option<(Pull<'a>, Result<Pulled, ExecError>)> {
-        let Some(pull) = self.queue.next() else {
+        let Some(pull) = self.shared.queue.next() else {
             if let Receiver::Session(s) = std::mem::replace(&mut self.receiver, Receiver::Script) {
                 // Every file it was sent has been answered: how it ends changes nothing.
                 let _ = s.finish().await;
@@ -114,16 +112,19 @@ impl<'a> Lane<'a> {
     async fn pull(&mut self, pull: &Pull<'a>) -> Result<Pulled, ExecError> {
         if matches!(self.receiver, Receiver::Unstarted) {
             let start = Cmd::shell(START)
-                .args(["sh", self.interpreter])
+                .args(["sh", self.shared.interpreter])
                 .named_arg(include_str!("receive.py"), "<receive.py>")
                 .arg(STALL_SECS.to_string())
-                .stdin(self.token_line.as_bytes().to_vec());
-            self.receiver = Receiver::Session(Box::new(self.exec.converse(&start).await?));
+                .stdin(self.shared.token_line.as_bytes().to_vec());
+            self.receiver = Receiver::Session(Box::new(self.shared.exec.converse(&start).await?));
         }
         if let Receiver::Session(s) = &mut self.receiver {
             // A session that exited (or never started its interpreter) refuses the request or
             // closes its stdout without answering.
-            let answer = match s.send(job_line(pull, self.manifest).as_bytes()).await {
+            let answer = match s
+                .send(job_line(pull, &self.shared.manifest).as_bytes())
+                .await
+            {
                 Ok(()) => s.line().await?,
                 Err(_) => None,
             };
@@ -148,7 +149,7 @@ impl<'a> Lane<'a> {
 
     /// The pull script for one file (`$1`–`$7`, the token on stdin).
     async fn by_script(&self, (job, sha, url): &Pull<'a>) -> Result<Pulled, ExecError> {
-        let cmd = Cmd::shell(self.script)
+        let cmd = Cmd::shell(self.shared.script)
             .arg("sh")
             .args([
                 url.clone(),
@@ -156,11 +157,11 @@ impl<'a> Lane<'a> {
                 job.size.to_string(),
                 (*sha).clone(),
                 format!("{:o}", job.mode),
-                self.manifest.to_owned(),
+                self.shared.manifest.clone(),
                 claim(job),
             ])
-            .stdin(self.token_line.as_bytes().to_vec());
-        let out = self.exec.output(&cmd).await?;
+            .stdin(self.shared.token_line.as_bytes().to_vec());
+        let out = self.shared.exec.output(&cmd).await?;
         Ok(if out.status.success() {
             Pulled::Landed(String::from_utf8_lossy(&out.stdout).trim().to_owned())
         } else {

@@ -98,17 +98,11 @@ impl<'a> Conversation<'a> {
         };
         if let Some(bytes) = &cmd.stdin {
             // A command may exit before it reads (EPIPE): its stdout and its end then tell.
-            if let Some(stdin) = this.stdin.as_mut() {
-                let sent = async {
-                    stdin.write_all(bytes).await?;
-                    stdin.flush().await
-                };
-                match sent.await {
-                    Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                        return Err(this.broken(e));
-                    }
-                    _ => {}
+            match this.write(bytes).await {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(this.broken(e));
                 }
+                _ => {}
             }
         }
         Ok(this)
@@ -128,15 +122,17 @@ impl<'a> Conversation<'a> {
     ///
     /// [`ExecError::Spawn`] when the command's stdin is closed (it exited, or the channel broke).
     pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ExecError> {
-        let Some(stdin) = self.stdin.as_mut() else {
-            return Err(self.broken(std::io::ErrorKind::BrokenPipe.into()));
-        };
-        let sent = async {
-            stdin.write_all(bytes).await?;
-            stdin.flush().await
-        };
-        let r = sent.await;
+        let r = self.write(bytes).await;
         r.map_err(|e| self.broken(e))
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
+        stdin.write_all(bytes).await?;
+        stdin.flush().await
     }
 
     /// The next line the command writes to stdout, without its newline; `None` when it closed
