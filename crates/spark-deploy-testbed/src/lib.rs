@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod demo;
 pub mod deployment;
+pub mod direct_write;
 pub mod engine;
 pub mod engine_build;
 pub mod host_facts;

@@ -51,7 +51,13 @@ async fn testbed_bench_storage_leaves_a_testbed_it_did_not_create_up() {
         for d in ["bench-src", "bench-blobs", "bench-39"] {
             assert!(!info.state_dir.join(d).exists(), "{d} removed");
         }
-        for d in ["bench-ours", "bench-rsync", "bench-cp", "bench-39"] {
+        for d in [
+            "bench-ours",
+            "bench-rsync",
+            "bench-cp",
+            "bench-disk",
+            "bench-39",
+        ] {
             assert!(
                 !info.worker().disk_dir.join(d).exists(),
                 "worker {d} removed"

@@ -2,9 +2,13 @@
 //! one run against `rsync -a --whole-file` over SSH to the worker's fabric address and a local `cp`
 //! onto the worker's disk directory (the testbed's physical limit: the same disk).
 //!
+//! A fourth way, `disk`, is the disk's own speed for the worker's write pattern: the same files
+//! written from the head's page cache by 4 threads the way the worker's receiver writes (4 MiB
+//! blocks with `O_DIRECT`), with no network and no hash (`spark_deploy_testbed::direct_write`).
+//!
 //! `cargo run --release -p spark-deploy-testbed --bin bench-storage` (the large test-scale
 //! checkpoint's model files, 2.49 GiB; `BENCH_CHECKPOINT=small` for a quick run). It runs
-//! `BENCH_ROUNDS` rounds (2 unless set), each copying the payload all three ways, the even rounds
+//! `BENCH_ROUNDS` rounds (2 unless set), each copying the payload all four ways, the even rounds
 //! in the reverse order, and reports each copy and each way's median; `BENCH_STREAMS` sets ours's
 //! streams (4, the step's setting). Ours ships them
 //! as the step does, from HF-cache blobs named by their sha256; rsync and cp copy the same bytes
@@ -13,7 +17,7 @@
 //! Each copy also prints what the machine did meanwhile (CPU seconds busy and in iowait over all
 //! cores, of which this process, the head, and the worker's container; bytes written to the disk),
 //! to tell a copy bound by the cores from one bound by the disk. `BENCH_WAYS=ours` (a
-//! comma-separated subset of `ours,rsync,cp`) runs only those ways, to profile one.
+//! comma-separated subset of `ours,rsync,cp,disk`) runs only those ways, to profile one.
 //!
 //! A testbed that is already up (a `spark-deploy demo` deployment, say) is reused and left up,
 //! with only the benchmark's own files removed; a testbed the benchmark brought up, it takes down.
@@ -29,6 +33,7 @@ use spark_deploy_core::ports::exec::Exec;
 use spark_deploy_core::transfer::{expand, pull, server::FileServer};
 use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
+use spark_deploy_testbed::direct_write;
 use spark_deploy_testbed::reuse::{self, Origin};
 use spark_deploy_testbed::usage::{Usage, load_average, worker_cgroups};
 
@@ -71,7 +76,16 @@ fn remove_bench_files(info: &cluster::TestbedInfo) {
     let dirs = ["bench-src", "bench-blobs", "bench-39"]
         .map(|d| info.state_dir.join(d))
         .into_iter()
-        .chain(["bench-ours", "bench-rsync", "bench-cp", "bench-39"].map(|d| w.disk_dir.join(d)));
+        .chain(
+            [
+                "bench-ours",
+                "bench-rsync",
+                "bench-cp",
+                "bench-disk",
+                "bench-39",
+            ]
+            .map(|d| w.disk_dir.join(d)),
+        );
     for d in dirs {
         let _ = fs_err::remove_dir_all(d);
     }
@@ -84,6 +98,7 @@ enum Way {
     Ours,
     Rsync,
     Cp,
+    Disk,
 }
 
 impl Way {
@@ -92,6 +107,7 @@ impl Way {
             Self::Ours => "ours",
             Self::Rsync => "rsync",
             Self::Cp => "cp",
+            Self::Disk => "disk",
         }
     }
 
@@ -101,6 +117,7 @@ impl Way {
             Self::Ours => "bench-ours",
             Self::Rsync => "bench-rsync",
             Self::Cp => "bench-cp",
+            Self::Disk => "bench-disk",
         }
     }
 }
@@ -169,16 +186,16 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         w.known_hosts.display(),
         w.management_addr
     );
-    // `BENCH_WAYS` (a comma-separated subset of ours,rsync,cp) runs only those: for profiling
+    // `BENCH_WAYS` (a comma-separated subset of ours,rsync,cp,disk) runs only those: for profiling
     // one way; the ratios then print NaN for the others.
-    let ways = std::env::var("BENCH_WAYS").unwrap_or_else(|_| "ours,rsync,cp".to_owned());
+    let ways = std::env::var("BENCH_WAYS").unwrap_or_else(|_| "ours,rsync,cp,disk".to_owned());
     let hashes = info.state_dir.join("hashes.tsv");
     let mut times: Vec<(Way, f64)> = Vec::new();
     let mut stats = None;
     for round in 1..=rounds {
-        // Odd rounds run ours, rsync, cp; even rounds the reverse, so whatever the machine makes
-        // a round's first copy pay falls on each way in turn.
-        let mut order = [Way::Ours, Way::Rsync, Way::Cp];
+        // Odd rounds run ours, rsync, cp, disk; even rounds the reverse, so whatever the machine
+        // makes a round's first copy pay falls on each way in turn.
+        let mut order = [Way::Ours, Way::Rsync, Way::Cp, Way::Disk];
         if round % 2 == 0 {
             order.reverse();
         }
@@ -226,6 +243,15 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
                         return Err("cp failed".into());
                     }
                 }
+                // 4. The disk alone, written as the worker's receiver writes.
+                Way::Disk => {
+                    let pairs: Vec<_> = expand(&data, &dest)?
+                        .into_iter()
+                        .map(|j| (j.from, j.to))
+                        .collect();
+                    tokio::task::spawn_blocking(move || direct_write::copy_all(&pairs, streams))
+                        .await??;
+                }
             }
             sync_fs();
             let secs = t.elapsed().as_secs_f64();
@@ -242,21 +268,27 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
             times
                 .iter()
                 .rev()
-                .take(3)
+                .take(order.len())
                 .find(|(w, _)| *w == way)
                 .map_or(f64::NAN, |(_, s)| *s)
         };
         println!(
-            "round {round}: ours/rsync = {:.2}x   ours/cp = {:.2}x",
+            "round {round}: ours/rsync = {:.2}x   ours/cp = {:.2}x   ours/disk = {:.2}x",
             this(Way::Rsync) / this(Way::Ours),
-            this(Way::Cp) / this(Way::Ours)
+            this(Way::Cp) / this(Way::Ours),
+            this(Way::Disk) / this(Way::Ours)
         );
     }
     let median = |way: Way| {
         let of_way = times.iter().filter(|(w, _)| *w == way).map(|(_, s)| *s);
         Stat::of(of_way.collect()).median
     };
-    let (ours, rsync, cp) = (median(Way::Ours), median(Way::Rsync), median(Way::Cp));
+    let (ours, rsync, cp, disk) = (
+        median(Way::Ours),
+        median(Way::Rsync),
+        median(Way::Cp),
+        median(Way::Disk),
+    );
     let stats = stats.ok_or("no round ran")?;
     let t = Instant::now();
     let again = pull::transfer(
@@ -286,6 +318,10 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     println!(
         "cp    : {cp:7.2} s  {:8.1} MiB/s  (local, same disk)",
         mib(cp)
+    );
+    println!(
+        "disk  : {disk:7.2} s  {:8.1} MiB/s  (the same files written as the receiver writes: {streams} streams, 4 MiB O_DIRECT blocks, no network, no hash)",
+        mib(disk)
     );
     println!(
         "up-to-date re-run: {} of {} files sent in {rerun:.2} s",
@@ -327,9 +363,10 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         load_average()
     );
     println!(
-        "ratio ours/rsync = {:.2}x   ours/cp = {:.2}x",
+        "ratio ours/rsync = {:.2}x   ours/cp = {:.2}x   ours/disk = {:.2}x",
         rsync / ours,
-        cp / ours
+        cp / ours,
+        disk / ours
     );
     Ok(())
 }
