@@ -268,7 +268,7 @@ impl Context {
     }
 
     /// Tells FetchCheckpoint that a step running alongside will say what it wants first
-    /// ([`Context::want_first`]): until it does, large files wait 15 s at most.
+    /// ([`Context::want_first`]): until it does, large files wait a few seconds at most.
     pub(crate) fn expect_wish(&self) {
         *self
             .wanted_first

@@ -2,7 +2,7 @@
 //! next blob (choosing only once a slot is free): small files first (a consumer running
 //! alongside plans from them), then the large ones by name, except that a file the consumer
 //! wants first jumps the queue ([`FetchProgress::wanted_first`]); while a consumer that will say
-//! what it wants has not said it yet, a large file waits 15 s at most.
+//! what it wants has not said it yet, a large file waits a few seconds at most.
 
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,8 @@ use super::progress::FetchProgress;
 const SMALL_FILE: u64 = 16 << 20;
 
 /// How long a large file waits, at most, for an undecided consumer's wish
-/// ([`FetchProgress::wanted_first`] is `None`). The overlapped build gives it once it has read
-/// every shard's header by byte range and planned: about 0.2 s on a fast head, several seconds
-/// where the headers come over a slow link or the head is busy. A wish that comes too late costs
-/// the overlap (the shard that starts the rank files lands last, and nothing moves to a worker
-/// before it: minutes on the real checkpoint); waiting costs the link at most this long.
-const WISH_WAIT: Duration = Duration::from_secs(15);
+/// ([`FetchProgress::wanted_first`] is `None`).
+const WISH_WAIT: Duration = Duration::from_secs(3);
 
 /// The blobs still waiting (indices into the fetch's order), as a stream of the next one to
 /// start together with the download slot it starts in. The stream first waits for a free slot

@@ -88,7 +88,7 @@ pub trait FetchProgress: Send + Sync {
     /// Paths a consumer running alongside wants first, most wanted first (a rank-file build that
     /// needs the shard holding the start of its files). Asked each time a download slot frees;
     /// the files it names that are still waiting start before the others. `None`: the consumer
-    /// has not decided yet, and a large file waits for its decision (15 s at most:
+    /// has not decided yet, and a large file waits for its decision (a few seconds at most:
     /// small files go on meanwhile). Nothing wanted by default.
     fn wanted_first(&self) -> Option<Vec<String>> {
         Some(Vec::new())
