@@ -603,6 +603,7 @@ fn fabric_rx(container: &str, addr: std::net::Ipv4Addr) -> u64 {
 
 /// `up` with JSON events; the seconds from its start to ConfigureWorkerStorage's end (the data
 /// moved), and whether it succeeded.
+#[allow(clippy::print_stdout)]
 fn timed_up(config: &std::path::Path) -> TimedUp {
     let t = Instant::now();
     let mut child = sd(&["--json", "--config", &config.display().to_string(), "up"])
@@ -613,6 +614,10 @@ fn timed_up(config: &std::path::Path) -> TimedUp {
     let mut moved = None;
     let (mut rank1_written, mut sent_ahead) = (false, 0u64);
     let mut follow_stopped = None;
+    // The rank-1 file's events as (ms since the first event, step, bytes done/total, file
+    // done): printed when too little was sent ahead, to show what the build and the copy did.
+    let mut trail: Vec<String> = Vec::new();
+    let mut first_ts = None;
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
         if follow_stopped.is_none() && line.contains("as it is written stopped") {
@@ -625,8 +630,19 @@ fn timed_up(config: &std::path::Path) -> TimedUp {
             moved = Some(t.elapsed().as_secs_f64());
         }
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        let ts = v["ts_ms"].as_i64().unwrap_or(0);
+        let since = ts - *first_ts.get_or_insert(ts);
         if v["event"] != "progress" || !v["label"].as_str().unwrap_or("").starts_with("rank1of2") {
+            if v["event"] != "progress" && trail.len() < 400 {
+                trail.push(format!("{since:>6} {} {}", v["event"], v["source"]["step"]));
+            }
             continue;
+        }
+        if trail.len() < 400 {
+            trail.push(format!(
+                "{since:>6} {} {}/{} file {}",
+                v["source"]["step"], v["bytes_done"], v["bytes_total"], v["file"]["done"]
+            ));
         }
         if v["source"]["step"] == "build_rank_cache" {
             rank1_written = v["bytes_done"] == v["bytes_total"];
@@ -635,6 +651,12 @@ fn timed_up(config: &std::path::Path) -> TimedUp {
         }
     }
     let ok = child.wait().unwrap().success();
+    if sent_ahead < 32 << 20 {
+        println!("the up's events (rank1of2 progress, and every other event but progress):");
+        for t in &trail {
+            println!("  {t}");
+        }
+    }
     TimedUp {
         moved_s: moved.unwrap_or_else(|| t.elapsed().as_secs_f64()),
         ok,
