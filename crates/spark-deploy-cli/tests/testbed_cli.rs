@@ -615,7 +615,7 @@ fn timed_up(config: &std::path::Path) -> TimedUp {
     let (mut rank1_written, mut sent_ahead) = (false, 0u64);
     let mut follow_stopped = None;
     // The rank-1 file's events as (ms since the first event, step, bytes done/total, file
-    // done): printed when too little was sent ahead, to show what the build and the copy did.
+    // done), and every other event but progress: what the build and the copy did, and when.
     let mut trail: Vec<String> = Vec::new();
     let mut first_ts = None;
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
@@ -634,7 +634,11 @@ fn timed_up(config: &std::path::Path) -> TimedUp {
         let since = ts - *first_ts.get_or_insert(ts);
         if v["event"] != "progress" || !v["label"].as_str().unwrap_or("").starts_with("rank1of2") {
             if v["event"] != "progress" && trail.len() < 400 {
-                trail.push(format!("{since:>6} {} {}", v["event"], v["source"]["step"]));
+                let said: String = v["line"].as_str().unwrap_or("").chars().take(160).collect();
+                trail.push(format!(
+                    "{since:>6} {} {} {said}",
+                    v["event"], v["source"]["step"]
+                ));
             }
             continue;
         }
@@ -651,11 +655,10 @@ fn timed_up(config: &std::path::Path) -> TimedUp {
         }
     }
     let ok = child.wait().unwrap().success();
-    if sent_ahead < 32 << 20 {
-        println!("the up's events (rank1of2 progress, and every other event but progress):");
-        for t in &trail {
-            println!("  {t}");
-        }
+    // Shown with the test's output (a failure, or --nocapture).
+    println!("the up's events (rank1of2 progress, and every other event but progress):");
+    for t in &trail {
+        println!("  {t}");
     }
     TimedUp {
         moved_s: moved.unwrap_or_else(|| t.elapsed().as_secs_f64()),

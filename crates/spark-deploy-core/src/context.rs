@@ -286,9 +286,10 @@ impl Context {
             .clone()
     }
 
-    /// Publishes a file of node `rank` that is still being written on the head and whose start
-    /// is final (a rank file built while the checkpoint arrives), or its grown final start: the
-    /// overlapped ConfigureWorkerStorage follows it to its worker as it grows.
+    /// Publishes a file of node `rank` that is still being written on the head (a rank file built
+    /// while the checkpoint arrives; it exists, though its final start may still be empty), or
+    /// its grown final start: the overlapped ConfigureWorkerStorage follows it to its worker as
+    /// it grows.
     pub fn publish_growing(&self, rank: usize, file: GrowingFile) {
         let mut growing = self
             .growing

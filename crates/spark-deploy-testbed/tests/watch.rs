@@ -2,11 +2,15 @@
 //! deployed with the standard plan, the supervisor runs in the test's runtime, the fault is
 //! injected for real (signals through Docker, the stand-in's fault file, a lowered meminfo fact,
 //! a restarted worker container, a stopped sshd), and each test prints one row: detection time,
-//! action, time back to serving.
+//! action, time back to serving, each with its goal.
 //!
-//! Goals checked: a dead rank found within 5 s; a wedge within 30 s of its onset with the default
-//! `wedge_s`; serving again within the engine's load time + 10 s after detection; both ranks' logs
-//! saved for every heal; never one rank left running alone; a blip never healed.
+//! Checked here: every fault is detected and acted on as its row says (a heal that starts and
+//! finishes, a pair serving again with both ranks running); both ranks' logs saved for every heal;
+//! never one rank left running alone; a blip never healed; a user's `down` never undone. The
+//! goals' times (a dead rank found within 5 s; a wedge within 30 s of its onset with the default
+//! `wedge_s`; serving again within the engine's load time + 10 s after detection) are speed goals:
+//! `scripts/bench-watch` runs this suite and checks each row against its goal, on a quiet host.
+//! Here they are only bounded by how long a test waits (a busy CI host runs them slower).
 
 // An integration test: a failed unwrap or expect is the test failure, with its location.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
@@ -227,16 +231,45 @@ fn assert_logs_saved(w: &Watched, heals: usize) {
     }
 }
 
-fn row(fault: &str, detected: Option<f64>, action: &str, serving: Option<f64>) {
+/// A fault's measured times and their goals.
+#[derive(Default)]
+struct Times {
+    /// Seconds from the fault to the heal's start.
+    detected: Option<f64>,
+    /// Its goal.
+    detect_goal: Option<f64>,
+    /// Seconds from the fault to serving again.
+    back: Option<f64>,
+    /// The goal of `back - detected`: the engine's load + 10 s.
+    back_goal: Option<f64>,
+}
+
+/// Prints the fault's row: `FAULT-ROW | fault | detected | goal | action | serving again | after
+/// detection | goal |` (`scripts/bench-watch` reads them).
+fn row(fault: &str, action: &str, t: &Times) {
     let s = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| format!("{v:.1} s"));
+    let after = t.back.zip(t.detected).map(|(b, d)| b - d);
     eprintln!(
-        "FAULT-ROW | {fault} | {} | {action} | {} |",
-        s(detected),
-        s(serving)
+        "FAULT-ROW | {fault} | {} | {} | {action} | {} | {} | {} |",
+        s(t.detected),
+        s(t.detect_goal),
+        s(t.back),
+        s(after),
+        s(t.back_goal)
     );
 }
 
-/// Injects `fault` at t0, waits for the heal to start and finish; checks the goals.
+/// The supervisor's lines, printed, and `msg`: a failure's message stays short (it ends the
+/// test's output) with what the watch said above it.
+fn failure(w: &Watched, msg: &str) -> String {
+    for l in w.lines() {
+        eprintln!("watch: {l}");
+    }
+    msg.to_owned()
+}
+
+/// Injects `fault` at t0, waits for the heal to start and finish; checks what followed and prints
+/// the row with its goals (`detect_goal`; serving again within the engine's load + 10 s).
 async fn heal_row(
     w: &Watched,
     fault: &str,
@@ -248,12 +281,12 @@ async fn heal_row(
     let started = w
         .wait(Duration::from_secs(90), heal_started)
         .await
-        .ok_or_else(|| format!("{fault}: no heal: {:#?}", w.lines()))?;
+        .ok_or_else(|| failure(w, &format!("{fault}: no heal within 90 s")))?;
     let detected = started.duration_since(t0).as_secs_f64();
     let finished = w
         .wait(Duration::from_secs(180), heal_finished)
         .await
-        .ok_or_else(|| format!("{fault}: the heal did not finish: {:#?}", w.lines()))?;
+        .ok_or_else(|| failure(w, &format!("{fault}: the heal did not finish within 180 s")))?;
     let back = finished.duration_since(t0).as_secs_f64();
     assert!(
         chat_ok(&w.key, Duration::from_secs(20)).await,
@@ -274,19 +307,13 @@ async fn heal_row(
         .unwrap_or_default();
     row(
         fault,
-        Some(detected),
         &format!("heal (stop 0,1; start 1,0; smoke) on: {why}"),
-        Some(back),
-    );
-    assert!(
-        detected <= detect_goal,
-        "{fault}: detected after {detected:.1} s (goal {detect_goal} s): {:#?}",
-        w.lines()
-    );
-    assert!(
-        back - detected <= load + 10.0,
-        "{fault}: serving again {:.1} s after detection (goal: engine load {load:.1} s + 10 s)",
-        back - detected
+        &Times {
+            detected: Some(detected),
+            detect_goal: Some(detect_goal),
+            back: Some(back),
+            back_goal: Some(load + 10.0),
+        },
     );
     assert_logs_saved(w, 1);
     Ok(())
@@ -321,14 +348,16 @@ async fn testbed_watch_sigkill_rank0_heals_the_pair() {
             Plan::for_verb(&w.v, Verb::Down)
                 .run(&Context::new(w.v.clone(), Arc::new(Recorder::default())))
                 .await?;
-            w.wait(Duration::from_secs(10), |e| {
+            w.wait(Duration::from_secs(30), |e| {
                 matches!(e, Event::Log { line, .. } if line.contains("stop marker, not healing: stopped by the user (down)"))
             })
             .await
-            .ok_or_else(|| format!("watch did not see the user's down: {:#?}", w.lines()))?;
+            .ok_or_else(|| failure(&w, "watch did not see the user's down within 30 s"))?;
             tokio::time::sleep(Duration::from_secs(4)).await;
             let heals = w.rec.events().iter().filter(|e| heal_started(e)).count();
-            assert_eq!(heals, 1, "the user's down is not healed: {:#?}", w.lines());
+            if heals != 1 {
+                return Err(failure(&w, &format!("the user's down was healed: {heals} heals")).into());
+            }
             assert!(!running(RANK0) && !running(RANK1));
             let st = supervise::status(Path::new(&w.v.config().deployment.state_dir));
             assert_eq!(st.stop_marker.as_deref(), Some("stopped by the user (down)"));
@@ -406,13 +435,13 @@ async fn testbed_watch_memory_floor_on_the_worker_stops_and_restarts_the_pair() 
             let started = w
                 .wait(Duration::from_secs(30), heal_started)
                 .await
-                .ok_or_else(|| format!("no heal: {:#?}", w.lines()))?;
+                .ok_or_else(|| failure(&w, "no heal within 30 s"))?;
             // The host process is gone once the pair is stopped: the node has its memory back.
             host_facts::restore_meminfo(&i2, 1)?;
             let finished = w
                 .wait(Duration::from_secs(180), heal_finished)
                 .await
-                .ok_or_else(|| format!("no finish: {:#?}", w.lines()))?;
+                .ok_or_else(|| failure(&w, "the heal did not finish within 180 s"))?;
             let detected = started.duration_since(t0).as_secs_f64();
             let back = finished.duration_since(t0).as_secs_f64();
             let decision = w
@@ -426,13 +455,16 @@ async fn testbed_watch_memory_floor_on_the_worker_stops_and_restarts_the_pair() 
             );
             assert!(chat_ok(&w.key, Duration::from_secs(20)).await);
             assert!(running(RANK0) && running(RANK1));
-            assert!(detected <= 5.0, "{detected}");
             assert_logs_saved(&w, 1);
             row(
                 "memory floor on the worker (2.0 < 3 GiB)",
-                Some(detected),
                 "heal of the pair; process named",
-                Some(back),
+                &Times {
+                    detected: Some(detected),
+                    detect_goal: Some(5.0),
+                    back: Some(back),
+                    back_goal: Some(loaded_s() + 10.0),
+                },
             );
             Ok(())
         })
@@ -486,16 +518,13 @@ async fn testbed_watch_worker_sshd_stopped_20_s_is_reported_never_healed() {
                 .lines()
                 .into_iter()
                 .find(|l| l.contains("control-plane blip"));
-            assert!(
-                w.rec.events().iter().all(|e| !heal_started(e)),
-                "healed a blip: {:#?}",
-                w.lines()
-            );
+            if w.rec.events().iter().any(heal_started) {
+                return Err(failure(&w, "healed a blip").into());
+            }
             assert_eq!(failed, 0, "rank 0 kept serving ({served} ok)");
             assert!(running(RANK0) && running(RANK1));
             row(
                 "worker sshd stopped 20 s while serving",
-                None,
                 &format!(
                     "no heal; {} ({served} requests served meanwhile)",
                     if blip.is_some() {
@@ -504,7 +533,10 @@ async fn testbed_watch_worker_sshd_stopped_20_s_is_reported_never_healed() {
                         "the open SSH session kept answering"
                     }
                 ),
-                Some(0.0),
+                &Times {
+                    back: Some(0.0),
+                    ..Times::default()
+                },
             );
             Ok(())
         })
@@ -530,7 +562,7 @@ async fn testbed_watch_crash_loop_hits_the_flap_limit_and_stays_down() {
                 matches!(e, Event::Failed { error, .. } if error.contains("max_heals_per_hour"))
             })
             .await
-            .ok_or_else(|| format!("no flap stop: {:#?}", w.lines()))?;
+            .ok_or_else(|| failure(&w, "no flap stop within 240 s"))?;
             let marker = w.files().read_stop().ok_or("no stop marker")?;
             assert!(marker.contains("max_heals_per_hour = 2"), "{marker}");
             assert!(!running(RANK0) && !running(RANK1), "both ranks down");
@@ -557,9 +589,11 @@ async fn testbed_watch_crash_loop_hits_the_flap_limit_and_stays_down() {
             assert!(levels >= 3, "every finding that acted is an error event");
             row(
                 "crash loop (rank 1 exits 8 s after start), max_heals_per_hour = 2",
-                Some(stopped.duration_since(t0).as_secs_f64()),
                 "2 heals, then stopped for good; stop marker written",
-                None,
+                &Times {
+                    detected: Some(stopped.duration_since(t0).as_secs_f64()),
+                    ..Times::default()
+                },
             );
             Ok(())
         })
@@ -638,11 +672,11 @@ async fn testbed_four_nodes_serve_and_a_killed_follower_heals_all_four() {
             docker(&["kill", "-s", "KILL", "sd-testbed-rank2"])?;
             w.wait(Duration::from_secs(60), heal_started)
                 .await
-                .ok_or_else(|| format!("no heal: {:#?}", w.lines()))?;
+                .ok_or_else(|| failure(&w, "no heal within 60 s"))?;
             let detected = t0.elapsed().as_secs_f64();
             w.wait(Duration::from_secs(180), heal_finished)
                 .await
-                .ok_or_else(|| format!("the heal did not finish: {:#?}", w.lines()))?;
+                .ok_or_else(|| failure(&w, "the heal did not finish within 180 s"))?;
             let back = t0.elapsed().as_secs_f64();
             assert!(
                 chat_ok(&w.key, Duration::from_secs(20)).await,
@@ -666,11 +700,14 @@ async fn testbed_four_nodes_serve_and_a_killed_follower_heals_all_four() {
             }
             row(
                 "SIGKILL rank 2 of 4",
-                Some(detected),
                 "heal all four (stop 0,1,2,3; start 3,2,1,0; smoke)",
-                Some(back),
+                &Times {
+                    detected: Some(detected),
+                    detect_goal: Some(5.0),
+                    back: Some(back),
+                    back_goal: Some(loaded_s() + 10.0),
+                },
             );
-            assert!(detected <= 5.0, "detected after {detected:.1} s (goal 5 s)");
             Ok(())
         })
         .await

@@ -73,6 +73,7 @@ impl SendAhead {
         let mut started: HashSet<(usize, PathBuf)> = HashSet::new();
         let mut given_up: HashSet<usize> = HashSet::new();
         let mut moving: HashMap<PathBuf, (&WorkerPlan, GrowingFile)> = HashMap::new();
+        let mut reported: HashMap<PathBuf, u64> = HashMap::new();
         let mut running = FuturesUnordered::new();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -89,8 +90,20 @@ impl SendAhead {
                     if !started.insert((w.rank, g.to.clone())) {
                         continue;
                     }
+                    let final_now = *ready.borrow();
                     match start(ctx, w, &g, ready, &mut servers).await {
                         Ok((exec, token, url)) => {
+                            ctx.log(
+                                StepKind::ConfigureWorkerStorage,
+                                Some(&w.node),
+                                Level::Info,
+                                format!(
+                                    "sending {} ahead as it is written ({} of {} bytes final)",
+                                    g.to.display(),
+                                    final_now,
+                                    g.size
+                                ),
+                            );
                             moving.insert(g.from.clone(), (w, g.clone()));
                             running.push(async move {
                                 let r = follow(exec, &token, &url, &g).await;
@@ -124,7 +137,12 @@ impl SendAhead {
                     for server in servers.values() {
                         for (from, at) in server.positions() {
                             if let Some((w, g)) = moving.get(&from) {
-                                report(ctx, w, g, at.min(g.size));
+                                // Only what moved: a follow waiting for the build's first final
+                                // bytes (hours, on a slow link) is not reported every tick.
+                                let at = at.min(g.size);
+                                if reported.insert(from.clone(), at) != Some(at) {
+                                    report(ctx, w, g, at);
+                                }
                             }
                         }
                     }
@@ -158,7 +176,7 @@ async fn start<'c>(
             e.insert(FileServer::start(std::net::SocketAddr::new(head_fabric_addr(ctx)?, 0)).await?)
         }
     };
-    let url = server.allow_growing(g.from.clone(), g.size, ready);
+    let url = server.allow_growing(g.from.clone(), g.size, ready)?;
     Ok((exec, server.token().clone(), url))
 }
 

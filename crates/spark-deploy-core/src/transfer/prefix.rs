@@ -191,7 +191,9 @@ mod tests {
             .await
             .unwrap();
         let (tx, rx) = tokio::sync::watch::channel(1_000_000u64);
-        let url = server.allow_growing(head.clone(), bytes.len() as u64, rx);
+        let url = server
+            .allow_growing(head.clone(), bytes.len() as u64, rx)
+            .unwrap();
         let g = GrowingFile {
             from: head.clone(),
             to: dest.clone(),
@@ -247,6 +249,50 @@ mod tests {
         );
     }
 
+    /// The worker's request arrives only after the head finished the file and renamed its
+    /// partial (a loaded head or a slow worker): the follow is still answered, from the file as
+    /// it was opened when allowed, whole and with its sum.
+    #[tokio::test]
+    async fn a_follow_asked_after_the_head_renamed_the_file_still_gets_it() {
+        let d = tempfile::tempdir().unwrap();
+        let bytes = pattern(1_500_000);
+        let head = d.path().join("rank1of2.bin.partial");
+        std::fs::write(&head, &bytes[..500_000]).unwrap();
+        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(500_000u64);
+        let url = server
+            .allow_growing(head.clone(), bytes.len() as u64, rx)
+            .unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&head)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &bytes[500_000..]).unwrap();
+        let done = d.path().join("rank1of2.bin");
+        std::fs::rename(&head, &done).unwrap();
+        tx.send_replace(bytes.len() as u64);
+        let dest = d.path().join("worker/rank1of2.bin");
+        let g = g_of(&head, &dest, bytes.len() as u64);
+        let got = follow(&Exec::local("worker-1"), server.token(), &url, &g)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.sha256, sha(&bytes));
+        assert_eq!(
+            std::fs::read(d.path().join("worker/rank1of2.bin.partial")).unwrap(),
+            bytes
+        );
+        // A file that is not there cannot be allowed: the error names it.
+        let (_tx, rx) = tokio::sync::watch::channel(0u64);
+        let e = server
+            .allow_growing(d.path().join("gone.partial"), 10, rx)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gone.partial"), "{e}");
+    }
+
     fn g_of(from: &std::path::Path, to: &std::path::Path, size: u64) -> GrowingFile {
         GrowingFile {
             from: from.to_owned(),
@@ -271,7 +317,7 @@ mod tests {
             .await
             .unwrap();
         let (tx, rx) = tokio::sync::watch::channel(700_000u64);
-        let url = server.allow_growing(head.clone(), 2_000_000, rx);
+        let url = server.allow_growing(head.clone(), 2_000_000, rx).unwrap();
         let followed = {
             let (exec, token, url, g) = (
                 Exec::local("worker-1"),

@@ -30,10 +30,13 @@ use tower_http::services::ServeFile;
 use super::TransferError;
 use crate::secret::Secret;
 
-/// A file still being written: its final size, and its final start as it grows.
+/// A file still being written: its final size, and its final start as it grows. It is held
+/// open from the moment it is allowed: a request that arrives after the writer renamed it (a
+/// slow worker, a loaded head) is still answered from the same file.
 #[derive(Clone)]
 struct Growing {
     path: PathBuf,
+    file: Arc<std::fs::File>,
     size: u64,
     ready: tokio::sync::watch::Receiver<u64>,
 }
@@ -176,16 +179,32 @@ impl FileServer {
     /// final, to the allow-list; returns its URL. A request for it (from `Range: bytes=<start>-`,
     /// else 0) is answered with the whole rest of the file: each byte is sent once it is final,
     /// the response waiting as long as the file grows. When `ready`'s sender is dropped before the
-    /// file reached its size, the response breaks off (the receiver keeps what arrived).
-    #[must_use]
+    /// file reached its size, the response breaks off (the receiver keeps what arrived). The file
+    /// is opened now and served from that opening, wherever the writer renames it meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// [`TransferError::Source`] when `path` cannot be opened.
     pub fn allow_growing(
         &self,
         path: PathBuf,
         size: u64,
         ready: tokio::sync::watch::Receiver<u64>,
-    ) -> String {
-        let id = register(&self.shared.growing, Growing { path, size, ready });
-        format!("http://{}/g/{id}", self.addr)
+    ) -> Result<String, TransferError> {
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => Arc::new(f),
+            Err(source) => return Err(TransferError::Source { path, source }),
+        };
+        let id = register(
+            &self.shared.growing,
+            Growing {
+                path,
+                file,
+                size,
+                ready,
+            },
+        );
+        Ok(format!("http://{}/g/{id}", self.addr))
     }
 }
 
@@ -327,15 +346,11 @@ async fn follow(
         )
             .into_response();
     }
-    let file = match tokio::fs::File::open(&g.path).await {
-        Ok(f) => f,
-        Err(e) => return (StatusCode::NOT_FOUND, e.to_string()).into_response(),
-    };
     let sent = count_from(&s, g.path.clone(), start);
     let (size, ready) = (g.size, g.ready);
     let body = futures::stream::unfold(
         Follower {
-            file,
+            file: g.file,
             pos: start,
             size,
             ready,
@@ -364,7 +379,7 @@ async fn follow(
 
 /// Where a growing file's response stands.
 struct Follower {
-    file: tokio::fs::File,
+    file: Arc<std::fs::File>,
     pos: u64,
     size: u64,
     ready: tokio::sync::watch::Receiver<u64>,
@@ -375,7 +390,6 @@ impl Follower {
     /// The next final bytes past `pos`, waiting for them as long as the file grows; `None` at
     /// the end. An error ends the response short (the file stopped growing, or a read failed).
     async fn next_chunk(mut self) -> Option<(std::io::Result<bytes::Bytes>, Self)> {
-        use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
         loop {
             if self.pos >= self.size {
                 return None;
@@ -384,14 +398,16 @@ impl Follower {
             if self.pos < ready {
                 let want = usize::try_from((ready - self.pos).min(READ_CHUNK as u64))
                     .unwrap_or(READ_CHUNK);
-                let mut buf = vec![0u8; want];
-                let read = async {
-                    self.file.seek(std::io::SeekFrom::Start(self.pos)).await?;
-                    self.file.read_exact(&mut buf).await
-                }
-                .await;
+                // Positioned reads off the async threads: several responses may share the file.
+                let (file, at) = (Arc::clone(&self.file), self.pos);
+                let read = tokio::task::spawn_blocking(move || {
+                    let mut buf = vec![0u8; want];
+                    std::os::unix::fs::FileExt::read_exact_at(&*file, &mut buf, at).map(|()| buf)
+                })
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
                 return Some(match read {
-                    Ok(_) => {
+                    Ok(buf) => {
                         self.pos += want as u64;
                         self.sent
                             .fetch_add(want as u64, std::sync::atomic::Ordering::Relaxed);

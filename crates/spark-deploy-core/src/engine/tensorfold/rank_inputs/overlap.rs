@@ -248,7 +248,10 @@ pub(crate) async fn stream_rank_files(
         match note {
             Note::Event(ev) => ctx.emit(ev),
             Note::Final { rank, prefix } => {
-                if let Some((_, g)) = growing.iter().find(|(r, _)| *r == rank && prefix > 0) {
+                // Published from the first report on, while its final start may still be empty:
+                // the follow's start on the worker (its session, its receiver) then overlaps the
+                // wait for the first final bytes instead of following it.
+                if let Some((_, g)) = growing.iter().find(|(r, _)| *r == rank) {
                     published.insert(rank);
                     ctx.publish_growing(
                         rank,
