@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use super::TOKEN_MAP_FILE;
 use super::inputs::rank_cache::{
-    ExistingRankFile, RankCacheOptions, VerifyLevel, build_rank_cache, plan_rank_cache,
-    verify_rank_cache,
+    ExistingRankFile, RankCacheOptions, VerifyLevel, build_rank_cache, open_checkpoint,
+    plan_rank_cache_from, verify_rank_cache,
 };
 use crate::config::{PreparePolicy, ValidatedConfig};
 use crate::context::{Context, Outcome, StepFailure};
@@ -326,13 +326,18 @@ impl RankInputs {
                 let mut notes = Vec::new();
                 let opts = rank_cache_options(shape_guard, &label, overlay);
                 let out = inputs.join("rank-cache");
+                let unplanned = |e| {
+                    (
+                        Box::new(e) as BoxError,
+                        "the checkpoint does not match the split plan",
+                    )
+                };
+                // Every rank is planned over one reading of the shards' headers.
+                let checkpoint = open_checkpoint(&model_dir, &opts).map_err(unplanned)?;
                 for rank in 0..world {
-                    let plan = plan_rank_cache(&model_dir, rank, world, &opts).map_err(|e| {
-                        (
-                            Box::new(e) as BoxError,
-                            "the checkpoint does not match the split plan",
-                        )
-                    })?;
+                    let plan =
+                        plan_rank_cache_from(&model_dir, checkpoint.clone(), rank, world, &opts)
+                            .map_err(unplanned)?;
                     if let Some(s) = streamed.iter().find(|s| s.rank == rank) {
                         built += plan.file_len();
                         notes.push(format!(

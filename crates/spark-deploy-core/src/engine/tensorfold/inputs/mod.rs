@@ -30,6 +30,6 @@ pub use model_config::{ModelConfig, ModelConfigError};
 pub use rank_cache::{
     Cancelled, ExistingRankFile, ProgressFn, RankCacheError, RankCacheOptions, RankCachePhase,
     RankCachePlan, RankCacheProgress, StreamedRank, VerifyLevel, build_rank_cache,
-    build_rank_caches_streaming, plan_rank_cache, plan_rank_cache_from, read_sidecar, sidecar_path,
-    verify_rank_cache,
+    build_rank_caches_streaming, open_checkpoint, plan_rank_cache, plan_rank_cache_from,
+    read_sidecar, sidecar_path, verify_rank_cache,
 };

@@ -38,7 +38,10 @@ mod stream;
 mod verify;
 
 pub use build::{build_rank_cache, read_sidecar, sidecar_path};
-pub use plan::{PlannedEntry, RankCachePlan, SourceRange, plan_rank_cache, plan_rank_cache_from};
+pub use plan::{
+    PlannedEntry, RankCachePlan, SourceRange, open_checkpoint, plan_rank_cache,
+    plan_rank_cache_from,
+};
 pub use stream::{NextShard, StreamedRank, build_rank_caches_streaming};
 pub use verify::{VerifyLevel, verify_rank_cache};
 

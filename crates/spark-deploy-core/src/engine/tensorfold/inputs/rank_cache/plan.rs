@@ -156,11 +156,30 @@ pub fn plan_rank_cache(
     world: usize,
     opts: &RankCacheOptions,
 ) -> Result<RankCachePlan, RankCacheError> {
-    let mut checkpoint = Checkpoint::open_dir(model_dir)?;
-    if let Some(ov) = &opts.overlay {
-        checkpoint = checkpoint.with_overlay(ov)?;
-    }
-    plan_rank_cache_from(model_dir, checkpoint, rank, world, opts)
+    plan_rank_cache_from(
+        model_dir,
+        open_checkpoint(model_dir, opts)?,
+        rank,
+        world,
+        opts,
+    )
+}
+
+/// The checkpoint in `model_dir` (every shard's header read), with `opts.overlay` applied: what
+/// [`plan_rank_cache_from`] plans over. Planning every rank of a world over one opening (cloned
+/// per rank) reads and parses the headers once instead of once per rank.
+///
+/// # Errors
+/// Unreadable shard headers, or an overlay that does not fit the checkpoint.
+pub fn open_checkpoint(
+    model_dir: &Path,
+    opts: &RankCacheOptions,
+) -> Result<Checkpoint, RankCacheError> {
+    let checkpoint = Checkpoint::open_dir(model_dir)?;
+    Ok(match &opts.overlay {
+        Some(ov) => checkpoint.with_overlay(ov)?,
+        None => checkpoint,
+    })
 }
 
 /// As [`plan_rank_cache`], over a checkpoint opened elsewhere (from shard headers read by byte
