@@ -93,16 +93,12 @@ impl SendAhead {
                     let final_now = *ready.borrow();
                     match start(ctx, w, &g, ready, &mut servers).await {
                         Ok((exec, token, url)) => {
-                            ctx.log(
-                                StepKind::ConfigureWorkerStorage,
-                                Some(&w.node),
+                            say(
+                                ctx,
+                                w,
+                                &g,
                                 Level::Info,
-                                format!(
-                                    "sending {} ahead as it is written ({} of {} bytes final)",
-                                    g.to.display(),
-                                    final_now,
-                                    g.size
-                                ),
+                                &format!("({final_now} of {} bytes final)", g.size),
                             );
                             moving.insert(g.from.clone(), (w, g.clone()));
                             running.push(async move {
@@ -181,15 +177,25 @@ async fn start<'c>(
 }
 
 fn warn(ctx: &Context, w: &WorkerPlan, g: &GrowingFile, e: &(dyn std::error::Error + 'static)) {
+    say(
+        ctx,
+        w,
+        g,
+        Level::Warn,
+        &format!(
+            "stopped ({}); its pull resumes after what arrived",
+            crate::causes::one_line(e)
+        ),
+    );
+}
+
+/// A log line of `g`'s follow to `w`: "sending <file> ahead as it is written <what>".
+fn say(ctx: &Context, w: &WorkerPlan, g: &GrowingFile, level: Level, what: &str) {
     ctx.log(
         StepKind::ConfigureWorkerStorage,
         Some(&w.node),
-        Level::Warn,
-        format!(
-            "sending {} ahead as it is written stopped ({}); its pull resumes after what arrived",
-            g.to.display(),
-            crate::causes::one_line(e)
-        ),
+        level,
+        format!("sending {} ahead as it is written {what}", g.to.display()),
     );
 }
 

@@ -187,13 +187,7 @@ mod tests {
         let dest = d.path().join("worker/rank-cache/rank1of2.bin");
         let partial = d.path().join("worker/rank-cache/rank1of2.bin.partial");
         let exec = Exec::local("worker-1");
-        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let (tx, rx) = tokio::sync::watch::channel(1_000_000u64);
-        let url = server
-            .allow_growing(head.clone(), bytes.len() as u64, rx)
-            .unwrap();
+        let (server, tx, url) = serving_growing(&head, bytes.len() as u64, 1_000_000).await;
         let g = GrowingFile {
             from: head.clone(),
             to: dest.clone(),
@@ -258,13 +252,7 @@ mod tests {
         let bytes = pattern(1_500_000);
         let head = d.path().join("rank1of2.bin.partial");
         std::fs::write(&head, &bytes[..500_000]).unwrap();
-        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let (tx, rx) = tokio::sync::watch::channel(500_000u64);
-        let url = server
-            .allow_growing(head.clone(), bytes.len() as u64, rx)
-            .unwrap();
+        let (server, tx, url) = serving_growing(&head, bytes.len() as u64, 500_000).await;
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&head)
@@ -293,6 +281,21 @@ mod tests {
         assert!(e.contains("gone.partial"), "{e}");
     }
 
+    /// A server on loopback with `head` allowed as a growing file of `size` bytes, `ready` of
+    /// them final: the server, the sender of the final start, the file's URL.
+    async fn serving_growing(
+        head: &std::path::Path,
+        size: u64,
+        ready: u64,
+    ) -> (FileServer, tokio::sync::watch::Sender<u64>, String) {
+        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(ready);
+        let url = server.allow_growing(head.to_owned(), size, rx).unwrap();
+        (server, tx, url)
+    }
+
     fn g_of(from: &std::path::Path, to: &std::path::Path, size: u64) -> GrowingFile {
         GrowingFile {
             from: from.to_owned(),
@@ -313,11 +316,7 @@ mod tests {
         std::fs::write(&head, &bytes).unwrap();
         let dest = d.path().join("worker/a.bin");
         let exec = Exec::local("worker-1");
-        let server = FileServer::start("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let (tx, rx) = tokio::sync::watch::channel(700_000u64);
-        let url = server.allow_growing(head.clone(), 2_000_000, rx).unwrap();
+        let (server, tx, url) = serving_growing(&head, 2_000_000, 700_000).await;
         let followed = {
             let (exec, token, url, g) = (
                 Exec::local("worker-1"),
