@@ -48,7 +48,7 @@ async fn testbed_bench_storage_leaves_a_testbed_it_did_not_create_up() {
         assert_eq!(worker_state(&worker), before, "the worker was not replaced");
         let still = TestbedInfo::load(&opts.state_dir).expect("the testbed's state is kept");
         assert_eq!(still.worker().container, worker);
-        for d in ["bench-src", "bench-blobs", "bench-39"] {
+        for d in ["bench-src", "bench-hf", "bench-39"] {
             assert!(!info.state_dir.join(d).exists(), "{d} removed");
         }
         for d in [

@@ -666,7 +666,12 @@ async fn a_cancelled_fetch_keeps_every_received_byte_and_the_next_fetch_continue
         matches!(result, Err(FetchError::Cancelled { .. })),
         "{result:?}"
     );
-    assert!(took < Duration::from_millis(500), "{took:?}");
+    // The shard (12 MB at 1 MB/s) had about 10 s left when the cancel came: the bound tells a
+    // fetch that stops at the cancel from one that runs on, with room for a loaded host.
+    assert!(
+        took < Duration::from_secs(3),
+        "stopped {took:?} after the cancel"
+    );
     // Everything that arrived (the last progress event says how much) is in the partial file.
     let partial = std::fs::read_dir(blobs_dir(cache.path(), TINY))
         .unwrap()

@@ -287,8 +287,10 @@ mod tests {
         assert!(wait_for_port(&addr, Duration::from_secs(2), PORT_POLL).await);
         let waited = t.elapsed();
         assert!(
-            waited >= Duration::from_millis(150) && waited < Duration::from_millis(600),
-            "woke {waited:?} after the start; the port opened after 150 ms"
+            // The bound tells "woke when the port opened" from "woke at the budget's end"
+            // (2 s), with room for a loaded host.
+            waited >= Duration::from_millis(150) && waited < Duration::from_millis(1500),
+            "woke {waited:?} after the start; the port opened after 150 ms, the budget ends at 2 s"
         );
         opener.abort();
     }

@@ -19,6 +19,10 @@
 //! to tell a copy bound by the cores from one bound by the disk. `BENCH_WAYS=ours` (a
 //! comma-separated subset of `ours,rsync,cp,disk`) runs only those ways, to profile one.
 //!
+//! After the rounds, `hash` is the worker's sha256 alone: as many bytes hashed in memory by
+//! `BENCH_STREAMS` processes of the worker's `python3`, no network and no disk. Ours verifies
+//! what arrives, so on a host of few cores this is the floor under ours, whatever the disk.
+//!
 //! A testbed that is already up (a `spark-deploy demo` deployment, say) is reused and left up,
 //! with only the benchmark's own files removed; a testbed the benchmark brought up, it takes down.
 #![allow(clippy::print_stdout)]
@@ -29,7 +33,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use spark_deploy_core::bench::Stat;
-use spark_deploy_core::ports::exec::Exec;
+use spark_deploy_core::ports::exec::{Cmd, Exec};
 use spark_deploy_core::transfer::{expand, pull, server::FileServer};
 use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
@@ -73,7 +77,7 @@ async fn main() -> R<()> {
 /// Everything the benchmark writes, on the head and on the worker's disk.
 fn remove_bench_files(info: &cluster::TestbedInfo) {
     let w = info.worker();
-    let dirs = ["bench-src", "bench-blobs", "bench-39"]
+    let dirs = ["bench-src", "bench-hf", "bench-39"]
         .map(|d| info.state_dir.join(d))
         .into_iter()
         .chain(
@@ -90,6 +94,51 @@ fn remove_bench_files(info: &cluster::TestbedInfo) {
         let _ = fs_err::remove_dir_all(d);
     }
     let _ = fs_err::remove_file(info.state_dir.join("hashes.tsv"));
+}
+
+/// What the worker's sha256 alone costs: wall and CPU seconds.
+struct Hashed {
+    wall: f64,
+    cpu: f64,
+}
+
+/// Hashes `bytes` in memory on the worker, split over `procs` processes, with the worker's
+/// `python3` (the receiver's hash): the floor, on the worker's cores, of any copy that verifies
+/// the sha256 of what arrives. Prints `<wall> <cpu>` seconds.
+const HASH_ALONE: &str = r"
+import hashlib, mmap, os, sys, time
+total, procs = int(sys.argv[1]), int(sys.argv[2])
+block = mmap.mmap(-1, 4 << 20)
+block.write(os.urandom(4 << 20))
+view = memoryview(block)
+start = time.monotonic()
+for p in range(procs):
+    if os.fork() == 0:
+        h, left = hashlib.sha256(), total // procs
+        while left > 0:
+            h.update(view[:min(left, len(view))])
+            left -= len(view)
+        os._exit(0)
+for p in range(procs):
+    os.wait()
+wall = time.monotonic() - start
+t = os.times()
+print(wall, t.children_user + t.children_system)
+";
+
+async fn hash_alone(exec: &Exec, bytes: u64, procs: usize) -> R<Hashed> {
+    let cmd = Cmd::new("python3")
+        .arg("-c")
+        .arg(HASH_ALONE)
+        .arg(bytes.to_string())
+        .arg(procs.to_string());
+    let out = exec.run(&cmd).await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut f = text.split_whitespace().map(str::parse::<f64>);
+    match (f.next(), f.next()) {
+        (Some(Ok(wall)), Some(Ok(cpu))) => Ok(Hashed { wall, cpu }),
+        _ => Err(format!("the worker's hash printed {text:?}, not `<wall> <cpu>`").into()),
+    }
 }
 
 /// One way of copying the payload to the worker's disk.
@@ -145,9 +194,11 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     let exec = Exec::connect(w.name.clone(), &w.node_target()).await?;
     // The checkpoint as ConfigureWorkerStorage ships it: from the head's HF cache, where each
     // file is a blob named by its sha256 (the Hub's LFS oid), so the head does not re-hash it.
-    // The blobs are hard links of the generated files (hashed here, untimed).
-    let blobs = info.state_dir.join("bench-blobs");
-    let _ = fs_err::remove_dir_all(&blobs);
+    // The blobs are hard links of the generated files (hashed here, untimed), in a directory
+    // named `blobs` as in the HF cache: the step trusts such a name and reads none of them.
+    let hf = info.state_dir.join("bench-hf");
+    let _ = fs_err::remove_dir_all(&hf);
+    let blobs = hf.join("blobs");
     fs_err::create_dir_all(&blobs)?;
     let mut jobs = expand(&data, &w.disk_dir.join(Way::Ours.dir()))?;
     for j in &mut jobs {
@@ -302,10 +353,11 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     )
     .await?;
     let rerun = t.elapsed().as_secs_f64();
+    let hash = hash_alone(&exec, bytes, streams).await?;
 
     println!("medians over {rounds} round(s):");
     println!(
-        "ours  : {ours:7.2} s  {:8.1} MiB/s  ({} of {} files sent, {streams} streams, sha256 verified on both ends)",
+        "ours  : {ours:7.2} s  {:8.1} MiB/s  ({} of {} files sent, {streams} streams, sha256 verified on arrival)",
         mib(ours),
         stats.sent,
         stats.files
@@ -322,6 +374,12 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     println!(
         "disk  : {disk:7.2} s  {:8.1} MiB/s  (the same files written as the receiver writes: {streams} streams, 4 MiB O_DIRECT blocks, no network, no hash)",
         mib(disk)
+    );
+    println!(
+        "hash  : {:7.2} s  {:8.1} MiB/s  (the worker's sha256 alone: the same number of bytes hashed in memory by {streams} processes, no network, no disk; {:.2} CPU s)",
+        hash.wall,
+        mib(hash.wall),
+        hash.cpu
     );
     println!(
         "up-to-date re-run: {} of {} files sent in {rerun:.2} s",
