@@ -202,19 +202,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     fs_err::create_dir_all(&blobs)?;
     let mut jobs = expand(&data, &w.disk_dir.join(Way::Ours.dir()))?;
     for j in &mut jobs {
-        use sha2::Digest as _;
-        use std::io::Read as _;
-        let mut h = sha2::Sha256::new();
-        let mut f = fs_err::File::open(&j.from)?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = f.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-        let blob = blobs.join(hex::encode(h.finalize()));
+        let blob = blobs.join(spark_deploy_core::digest::sha256_file(&j.from)?);
         if !blob.exists() {
             fs_err::hard_link(&j.from, &blob)?;
         }
