@@ -168,9 +168,16 @@ impl FileServer {
             .sum()
     }
 
-    /// Adds `path` to the allow-list; returns its URL.
+    /// Adds `path` to the allow-list; returns its URL. A file allowed again (a second transfer
+    /// through the same server) has no position until it is requested again: the last one was
+    /// the end of the earlier transfer, not where this one stands.
     #[must_use]
     pub fn allow(&self, path: PathBuf) -> String {
+        self.shared
+            .sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&path);
         let id = register(&self.shared.files, path);
         format!("http://{}/f/{id}", self.addr)
     }
@@ -623,6 +630,12 @@ mod tests {
             .unwrap();
         assert_eq!(body.len(), 1_500_000);
         // A resumed pull's position counts from where it resumed.
-        assert_eq!(server.positions(), vec![(path, 2_000_000)]);
+        assert_eq!(server.positions(), vec![(path.clone(), 2_000_000)]);
+        // Allowed again for a second transfer, it has no position until it is requested again.
+        let _ = server.allow(path);
+        assert!(
+            server.positions().is_empty(),
+            "a file allowed again kept the end of the earlier transfer as its position"
+        );
     }
 }

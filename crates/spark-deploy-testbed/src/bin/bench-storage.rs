@@ -17,7 +17,9 @@
 //! Each copy also prints what the machine did meanwhile (CPU seconds busy and in iowait over all
 //! cores, of which this process, the head, and the worker's container; bytes written to the disk),
 //! to tell a copy bound by the cores from one bound by the disk. `BENCH_WAYS=ours` (a
-//! comma-separated subset of `ours,rsync,cp,disk`) runs only those ways, to profile one.
+//! comma-separated subset of `ours,rsync,cp,disk`) runs only those ways, to profile one;
+//! `BENCH_TRACE=1` prints after each copy of ours when each file first moved and when it landed
+//! (the first seen at the transfer's half-second progress ticks).
 //!
 //! After the rounds, `hash` is the worker's sha256 alone: as many bytes hashed in memory by
 //! `BENCH_STREAMS` processes of the worker's `python3`, no network and no disk. Ours verifies
@@ -28,8 +30,9 @@
 #![allow(clippy::print_stdout)]
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use spark_deploy_core::bench::Stat;
@@ -141,6 +144,74 @@ async fn hash_alone(exec: &Exec, bytes: u64, procs: usize) -> R<Hashed> {
     }
 }
 
+/// When each file of a copy of ours first moved and when its last byte arrived, in seconds
+/// since the copy started.
+struct FileTimeline {
+    start: Instant,
+    files: Mutex<Vec<Moved>>,
+}
+
+/// One file of a [`FileTimeline`]: where it went, its size, when it first moved and landed.
+#[derive(Clone)]
+struct Moved {
+    to: PathBuf,
+    size: u64,
+    first: f64,
+    landed: Option<f64>,
+}
+
+impl FileTimeline {
+    fn new(start: Instant) -> Self {
+        Self {
+            start,
+            files: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn saw(&self, p: &pull::TransferProgress<'_>) {
+        let now = self.start.elapsed().as_secs_f64();
+        let Ok(mut files) = self.files.lock() else {
+            return;
+        };
+        let at = match files.iter().position(|f| f.to == p.file) {
+            Some(i) => i,
+            None => {
+                files.push(Moved {
+                    to: p.file.to_owned(),
+                    size: p.file_total,
+                    first: now,
+                    landed: None,
+                });
+                files.len() - 1
+            }
+        };
+        if p.file_done == p.file_total {
+            files[at].landed.get_or_insert(now);
+        }
+    }
+
+    fn show(&self) -> String {
+        let files = self.files.lock().map(|f| f.clone()).unwrap_or_default();
+        files
+            .iter()
+            .map(|f| {
+                let name =
+                    f.to.file_name()
+                        .map(|n| n.to_string_lossy())
+                        .unwrap_or_default();
+                let landed = f
+                    .landed
+                    .map_or_else(|| "-".to_owned(), |l| format!("{l:.2}"));
+                format!(
+                    "  {name:<44} {:7.1} MiB  {:5.2} s -> {landed:>5} s\n",
+                    f.size as f64 / f64::from(1u32 << 20),
+                    f.first
+                )
+            })
+            .collect()
+    }
+}
+
 /// One way of copying the payload to the worker's disk.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Way {
@@ -229,6 +300,8 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
     // one way; the ratios then print NaN for the others.
     let ways = std::env::var("BENCH_WAYS").unwrap_or_else(|_| "ours,rsync,cp,disk".to_owned());
     let hashes = info.state_dir.join("hashes.tsv");
+    // `BENCH_TRACE=1` prints, after each copy of ours, when each file started and landed.
+    let trace = std::env::var("BENCH_TRACE").is_ok_and(|v| v == "1");
     let mut times: Vec<(Way, f64)> = Vec::new();
     let mut stats = None;
     for round in 1..=rounds {
@@ -248,6 +321,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
                 // 1. Ours: the head's file server on the fabric address, the worker pulls,
                 //    sha256 verified on arrival.
                 Way::Ours => {
+                    let timeline = FileTimeline::new(t);
                     let s = pull::transfer(
                         &exec,
                         &server,
@@ -255,9 +329,12 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
                         &dest.join(".manifest.tsv"),
                         &hashes,
                         streams,
-                        &|_| {},
+                        &|p| timeline.saw(p),
                     )
                     .await?;
+                    if trace {
+                        print!("{}", timeline.show());
+                    }
                     stats = Some(s);
                 }
                 // 2. rsync -a --whole-file over SSH to the worker's fabric address.
