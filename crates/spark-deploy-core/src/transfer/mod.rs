@@ -34,7 +34,7 @@ macro_rules! receive_shell {
             r#"'
 receive() {
   if [ $((size - have)) -ge 33554432 ] && command -v python3 >/dev/null 2>&1; then
-    printf '%s\n' "$token" | python3 -c "$recv_py" "$url" "$part" "$have" "$1" || : > "$failed"
+    printf '%s\n' "$token" | python3 -S -c "$recv_py" "$url" "$part" "$have" "$1" || : > "$failed"
     return 0
   fi
   if [ "$1" -gt 0 ]; then set -- --speed-limit 1024 --speed-time "$1"; else set --; fi

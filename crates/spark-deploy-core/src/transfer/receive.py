@@ -32,29 +32,17 @@
 # Run as `python3 -c`, by the transfer scripts inside single quotes: no single quote here
 # (checked when the core compiles).
 import hashlib
-import http.client
 import mmap
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-import urllib.parse
 
 ALIGN = 4096
 BLOCK = 4 << 20
 HUGE = 2 << 20
-
-
-class Unbuffered:
-    """Hands http.client an unbuffered reader of the socket: it reads the response head a byte
-    at a time (a few hundred bytes), and nothing of the body sits in a buffer of its own."""
-
-    def __init__(self, sock):
-        self.sock = sock
-
-    def makefile(self, mode):
-        return self.sock.makefile(mode, buffering=0)
 
 
 def huge_block():
@@ -169,36 +157,76 @@ def hang_up(signum, frame):
     sys.exit("receiving %s: stopped by signal %d" % (what, signum))
 
 
+def request(url, have, stall, token):
+    """Sends the GET for the rest of url past have bytes; returns the socket, its next byte the
+    first of the body, and the body length the head announced (None without one). The head is
+    read a byte at a time (a few hundred bytes): nothing of the body sits in a buffer.
+    http.client would do the same, at twice the start-up time of this whole receiver."""
+    scheme, _, rest = url.partition("://")
+    hostport, _, path = rest.partition("/")
+    host, _, port = hostport.rpartition(":")
+    if scheme != "http" or not host or not port.isdigit():
+        raise ValueError("not a URL of the head: %s" % url)
+    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=stall or None)
+    try:
+        sock.sendall((
+            "GET /%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+            "Range: bytes=%d-\r\nConnection: close\r\n\r\n" % (path, hostport, token, have)
+        ).encode())
+        head = bytearray()
+        while not head.endswith(b"\r\n\r\n"):
+            byte = sock.recv(1)
+            if not byte:
+                raise OSError("the head closed the connection before it answered")
+            if len(head) > 65536:
+                raise OSError("the head answered with no end to its header")
+            head += byte
+        lines = head.decode("latin-1").split("\r\n")
+        status = lines[0].split(" ")
+        if len(status) < 2 or not status[0].startswith("HTTP/") or not status[1].isdigit():
+            raise OSError("the head answered %r, not HTTP" % lines[0])
+        code = int(status[1])
+        if code != 206 and not (code == 200 and have == 0):
+            raise OSError("the head answered HTTP %d" % code)
+        length = None
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value.strip())
+        return sock, length
+    except BaseException:
+        sock.close()
+        raise
+
+
 def receive(url, part, have, stall, token):
     """Appends the rest of url past the have bytes of part; returns the sha256 of the whole
-    partial. Raises OSError, ValueError or HTTPException when the stream fails or ends short."""
+    partial. Raises OSError or ValueError when the stream fails or ends short."""
     digest = hashlib.sha256()
     out = Appender(part, have, digest)
-    u = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=stall or None)
-    conn.response_class = lambda sock, **kw: http.client.HTTPResponse(Unbuffered(sock), **kw)
+    sock = None
     try:
-        conn.request("GET", u.path, headers={
-            "Authorization": "Bearer " + token, "Range": "bytes=%d-" % have})
-        resp = conn.getresponse()
-        if resp.status != 206 and not (resp.status == 200 and have == 0):
-            raise OSError("the head answered HTTP %d" % resp.status)
-        expected = resp.length
+        sock, expected = request(url, have, stall, token)
+        left = -1 if expected is None else expected
         got = 0
         try:
-            while True:
+            while left:
                 space = out.space()
-                n = resp.readinto(space)
+                if left > 0 and left < len(space):
+                    space = space[:left]
+                n = sock.recv_into(space)
                 if not n:
                     break
                 digest.update(space[:n])
                 out.took(n)
                 got += n
+                left -= n if left > 0 else 0
         finally:
             out.flush()
     finally:
         out.close()
-        conn.close()
+        if sock is not None:
+            sock.close()
     if expected is not None and got != expected:
         raise OSError("the stream ended after %d of %d bytes" % (got, expected))
     return digest.hexdigest()
@@ -254,7 +282,7 @@ def pull(job, token, stall):
         try:
             total = receive(url, part, have, stall, token)
             break
-        except (OSError, ValueError, http.client.HTTPException) as e:
+        except (OSError, ValueError) as e:
             why = failure(url, e)
         before, have, total = have, size_of(part), None
         if have <= before or tries >= 4:
@@ -307,5 +335,5 @@ signal.signal(signal.SIGHUP, hang_up)
 signal.signal(signal.SIGTERM, hang_up)
 try:
     main()
-except (OSError, ValueError, http.client.HTTPException) as e:
+except (OSError, ValueError) as e:
     sys.exit(failure(sys.argv[1] if len(sys.argv) > 1 else "?", e))
