@@ -207,20 +207,18 @@ def receive(url, part, have, stall, token):
     sock = None
     try:
         sock, expected = request(url, have, stall, token)
-        left = -1 if expected is None else expected
         got = 0
         try:
-            while left:
+            while expected is None or got < expected:
                 space = out.space()
-                if left > 0 and left < len(space):
-                    space = space[:left]
+                if expected is not None:
+                    space = space[:expected - got]
                 n = sock.recv_into(space)
                 if not n:
                     break
                 digest.update(space[:n])
                 out.took(n)
                 got += n
-                left -= n if left > 0 else 0
         finally:
             out.flush()
     finally:

@@ -329,7 +329,11 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
                         &dest.join(".manifest.tsv"),
                         &hashes,
                         streams,
-                        &|p| timeline.saw(p),
+                        &|p| {
+                            if trace {
+                                timeline.saw(p);
+                            }
+                        },
                     )
                     .await?;
                     if trace {
