@@ -15,13 +15,38 @@ pub fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
-/// What the machine did: CPU seconds (busy, iowait; all cores) and bytes written to one disk.
+/// The machine a benchmark ran on, in one line: CPU model, clock, cores, kernel. Figures of
+/// CPU-bound steps compare across runs only on the same line.
+pub fn machine() -> String {
+    let cpuinfo = fs_err::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let first = |key: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split_once(':'))
+            .map_or_else(|| "unknown".to_owned(), |(_, v)| v.trim().to_owned())
+    };
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let kernel = fs_err::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".to_owned(), |k| k.trim().to_owned());
+    format!(
+        "{}, {} MHz, {cores} cores, kernel {kernel}",
+        first("model name"),
+        first("cpu MHz")
+    )
+}
+
+/// What the machine did: CPU seconds (busy, iowait, stolen; all cores) and bytes written to one
+/// disk.
 #[derive(Clone, Copy, Default)]
 pub struct Usage {
-    /// CPU seconds busy, all cores.
+    /// CPU seconds busy, all cores (user, nice, system, irq, softirq).
     pub busy: f64,
     /// CPU seconds in iowait, all cores.
     pub iowait: f64,
+    /// CPU seconds the hypervisor gave to others while this machine's cores had work: on a
+    /// virtual machine whose host is busy, a CPU-bound copy slows by about this much.
+    pub steal: f64,
     /// This process (the head: file servers, hashing, SSH sessions' I/O).
     pub head: f64,
     /// The testbed's worker containers (the receivers, sshd): their cgroups.
@@ -47,7 +72,7 @@ impl Usage {
             .unwrap_or_default();
         let field = |i: usize| cpu.get(i).copied().unwrap_or(0.0) / ticks;
         // user nice system idle iowait irq softirq steal
-        let busy = field(0) + field(1) + field(2) + field(5) + field(6) + field(7);
+        let busy = field(0) + field(1) + field(2) + field(5) + field(6);
         // The block device of `dir` (its `stat`'s 7th field: sectors written).
         let sectors: u64 = fs_err::metadata(dir)
             .ok()
@@ -80,6 +105,7 @@ impl Usage {
         Self {
             busy,
             iowait: field(4),
+            steal: field(7),
             head,
             workers,
             written: sectors * 512,
@@ -92,6 +118,7 @@ impl Usage {
         Self {
             busy: self.busy - before.busy,
             iowait: self.iowait - before.iowait,
+            steal: self.steal - before.steal,
             head: self.head - before.head,
             workers: self.workers.zip(before.workers).map(|(a, b)| a - b),
             written: self.written.saturating_sub(before.written),
@@ -102,9 +129,10 @@ impl Usage {
     #[must_use]
     pub fn show(&self) -> String {
         format!(
-            "CPU: machine busy {:.2} s + iowait {:.2} s, of which head {:.2} s, worker containers {}; {:.0} MiB written to disk",
+            "CPU: machine busy {:.2} s + iowait {:.2} s + stolen {:.2} s, of which head {:.2} s, worker containers {}; {:.0} MiB written to disk",
             self.busy,
             self.iowait,
+            self.steal,
             self.head,
             self.workers
                 .map_or_else(|| "n/a".to_owned(), |w| format!("{w:.2} s")),

@@ -14,12 +14,14 @@
 //! as the step does, from HF-cache blobs named by their sha256; rsync and cp copy the same bytes
 //! from the plain files. Needs root, Docker and `rsync`.
 //!
-//! Each copy also prints what the machine did meanwhile (CPU seconds busy and in iowait over all
-//! cores, of which this process, the head, and the worker's container; bytes written to the disk),
-//! to tell a copy bound by the cores from one bound by the disk. `BENCH_WAYS=ours` (a
-//! comma-separated subset of `ours,rsync,cp,disk`) runs only those ways, to profile one;
-//! `BENCH_TRACE=1` prints after each copy of ours when each file first moved and when it landed
-//! (the first seen at the transfer's half-second progress ticks).
+//! Each copy also prints what the machine did meanwhile (CPU seconds busy, in iowait and stolen by
+//! the hypervisor, over all cores, of which this process, the head, and the worker's container;
+//! bytes written to the disk), to tell a copy bound by the cores from one bound by the disk or
+//! slowed by a busy host. A first line names the machine (CPU, clock, cores, kernel): figures
+//! compare across runs only on the same one. `BENCH_WAYS=ours` (a comma-separated subset of
+//! `ours,rsync,cp,disk`) runs only those ways, to profile one; `BENCH_TRACE=1` prints after each
+//! copy of ours when each file first moved and when it landed (the first seen at the transfer's
+//! half-second progress ticks).
 //!
 //! After the rounds, `hash` is the worker's sha256 alone: as many bytes hashed in memory by
 //! `BENCH_STREAMS` processes of the worker's `python3`, no network and no disk. Ours verifies
@@ -42,7 +44,7 @@ use spark_deploy_testbed::checkpoint::{CheckpointSpec, generate};
 use spark_deploy_testbed::cluster::{self, TestbedOptions};
 use spark_deploy_testbed::direct_write;
 use spark_deploy_testbed::reuse::{self, Origin};
-use spark_deploy_testbed::usage::{Usage, load_average, worker_cgroups};
+use spark_deploy_testbed::usage::{Usage, load_average, machine, worker_cgroups};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -259,6 +261,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
         bytes as f64 / f64::from(1u32 << 30),
         data.display()
     );
+    println!("machine: {}", machine());
     let mib = |secs: f64| bytes as f64 / secs / f64::from(1u32 << 20);
 
     let server = FileServer::start(SocketAddr::new(info.head_fabric_addr.into(), 0)).await?;
