@@ -12,9 +12,9 @@
 //! puts the bytes on disk. Each run's head hashing and transfer are also shown apart, with the
 //! transfer-only ratio.
 //!
-//! The testbed's workers share one disk and the machine's cores: each run also prints the CPU
-//! time the whole machine spent (busy, iowait and stolen, from `/proc/stat`) and the bytes written to the
-//! disk (from the block device's `stat`), and a reference measured in the same run: the same
+//! The testbed's workers share one disk and the machine's cores: each run also prints the CPU time
+//! the whole machine spent (busy, iowait and stolen, from `/proc/stat`) and the bytes written to
+//! the disk (from the block device's `stat`), and a reference measured in the same run: the same
 //! bytes copied locally onto the workers' disk (`cp`, one per worker at once, then `sync`), the
 //! floor of that disk for one and for three destinations. The last line is the whole step's ratio.
 //!

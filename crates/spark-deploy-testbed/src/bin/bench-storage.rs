@@ -154,7 +154,6 @@ struct FileTimeline {
 }
 
 /// One file of a [`FileTimeline`]: where it went, its size, when it first moved and landed.
-#[derive(Clone)]
 struct Moved {
     to: PathBuf,
     size: u64,
@@ -193,7 +192,9 @@ impl FileTimeline {
     }
 
     fn show(&self) -> String {
-        let files = self.files.lock().map(|f| f.clone()).unwrap_or_default();
+        let Ok(files) = self.files.lock() else {
+            return String::new();
+        };
         files
             .iter()
             .map(|f| {
@@ -324,7 +325,7 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
                 // 1. Ours: the head's file server on the fabric address, the worker pulls,
                 //    sha256 verified on arrival.
                 Way::Ours => {
-                    let timeline = FileTimeline::new(t);
+                    let timeline = trace.then(|| FileTimeline::new(t));
                     let s = pull::transfer(
                         &exec,
                         &server,
@@ -333,13 +334,13 @@ async fn bench(info: &cluster::TestbedInfo) -> R<()> {
                         &hashes,
                         streams,
                         &|p| {
-                            if trace {
+                            if let Some(timeline) = &timeline {
                                 timeline.saw(p);
                             }
                         },
                     )
                     .await?;
-                    if trace {
+                    if let Some(timeline) = &timeline {
                         print!("{}", timeline.show());
                     }
                     stats = Some(s);
